@@ -1,0 +1,134 @@
+"""Immutable data passed along the pipeline: sample -> attribute -> snapshot -> render.
+
+Every stage takes and returns these frozen values; nothing here does I/O. Backends
+(real NVML, simulated scenario) produce :class:`NodeSample`; the /proc reader produces
+``{pid: CgroupRef | None}``; the pod watcher produces :class:`PodInfo` values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """One process holding a context on a device (NVML running-process lists)."""
+
+    pid: int  # host PID: NVML is not PID-namespace aware
+    used_memory_bytes: int | None  # None = NVML_VALUE_NOT_AVAILABLE
+    kind: str = "compute"  # compute | graphics | mps
+
+
+@dataclass(frozen=True, slots=True)
+class UtilSample:
+    """One nvmlProcessUtilizationSample_t newer than the device's lastSeenTimeStamp."""
+
+    pid: int
+    timestamp_us: int
+    sm_util: int
+    mem_util: int = 0
+    enc_util: int = 0
+    dec_util: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """What one sampling cycle read from one GPU. ``None`` = not supported / not read."""
+
+    index: int
+    uuid: str
+    name: str
+    minor_number: int | None = None
+    pci_bus_id: str = ""
+    lost: bool = False  # NVML_ERROR_GPU_IS_LOST seen: values below are absent
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    utilization_gpu: int | None = None
+    utilization_memory: int | None = None
+    power_usage_milliwatts: int | None = None
+    temperature_celsius: int | None = None
+    sm_clock_mhz: int | None = None
+    memory_clock_mhz: int | None = None
+    encoder_utilization: int | None = None
+    decoder_utilization: int | None = None
+    ecc_corrected_total: int | None = None
+    ecc_uncorrected_total: int | None = None
+    clocks_event_reasons: int | None = None
+    processes: tuple[ProcessUsage, ...] = ()
+    # False when the running-process list could not be read this cycle (then attribution
+    # must not conclude "nobody uses this GPU").
+    processes_ok: bool = True
+    util_samples: tuple[UtilSample, ...] = ()
+    util_samples_ok: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSample:
+    """One completed sampling cycle of every device on the node."""
+
+    timestamp: float  # unix seconds when the cycle finished
+    devices: tuple[DeviceSample, ...] = ()
+    nvml_up: bool = True
+    duration_seconds: float = 0.0
+    # Cumulative error counts since start, keyed by (NVML call, error name).
+    errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: EMPTY)
+    driver_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupRef:
+    """Where /proc/<pid>/cgroup places a process: a pod and (usually) a container."""
+
+    pod_uid: str  # dashed, lowercase
+    container_id: str | None  # 64 hex; None for a pod-level cgroup
+    runtime: str | None = None  # containerd | cri-o | docker | None (bare cgroupfs id)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    """A container of a pod as the API describes it."""
+
+    name: str
+    index: int  # position in spec.containers (annotations of some schemes are indexed)
+    container_id: str | None  # 64 hex, runtime prefix stripped; None until started
+    limits: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    requests: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    env: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # literal values only
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The parts of a Pod object the exporter uses."""
+
+    uid: str
+    name: str
+    namespace: str
+    node_name: str
+    phase: str
+    containers: tuple[ContainerInfo, ...]
+    labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    annotations: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    workload_kind: str = "Pod"
+    workload_name: str = ""
+    resource_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PodResourcesContainer:
+    """kubelet pod-resources v1 ContainerResources, devices flattened."""
+
+    name: str
+    devices: tuple[tuple[str, tuple[str, ...]], ...]  # (resource_name, device_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class PodResources:
+    """kubelet pod-resources v1 PodResources."""
+
+    name: str
+    namespace: str
+    containers: tuple[PodResourcesContainer, ...]
