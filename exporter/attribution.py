@@ -1,0 +1,250 @@
+"""Attribution rules: which container uses which GPU, and each GPU's ``allocate_mode``.
+
+This module is the one place that decides. Inputs are one :class:`NodeSample`, the
+pid -> cgroup placement from /proc, the node's pods and the allocations of
+:mod:`exporter.sharing`. The rules:
+
+1. A process belongs to the container whose ID its cgroup names; a pod-level cgroup or an
+   unknown container ID gives the pod but no container; no pod cgroup = host process.
+2. Per-process SM utilization over one interval is the **mean** of the process's samples newer
+   than the device's lastSeenTimeStamp (NVML may return several per interval; the mean keeps
+   the unit "percent of the interval"). A listed process with no sample was idle (0).
+3. A container's usage on a GPU is the sum over its processes: SM utilization capped at 100,
+   memory in bytes (unknown if any of its processes reports NVML_VALUE_NOT_AVAILABLE).
+4. Holders of a GPU: containers allocated it by a known placement, plus containers with an
+   allocation whose GPU is not known yet (e.g. no pod-resources socket) that run a process on
+   it (placement inferred, at most as many GPUs as allocated).
+5. ``exclusive``: exactly one holder, allocated the GPU whole, and no process of another pod
+   container on it. ``share``: otherwise, whenever the GPU has a holder, or processes of two or
+   more pod containers. Share rows go to every holder and every other pod container running on
+   it. ``None``: no holder and at most one pod container running on it.
+6. Processes on a GPU that do not belong to one of its holders (host processes, containers
+   started with ``NVIDIA_VISIBLE_DEVICES=all``) are "unaccounted": they count in the device
+   totals and are reported separately, with pod labels when they run in a pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from exporter.model import CgroupRef, ContainerInfo, DeviceSample, NodeSample, PodInfo, UtilSample
+from exporter.sharing import Allocation
+
+EXCLUSIVE = "exclusive"
+SHARE = "share"
+NONE = "None"
+
+
+class PodLookup(Protocol):
+    """What attribution needs of the pod cache (``exporter.pods.PodView`` satisfies it)."""
+
+    @property
+    def pods(self) -> Mapping[str, PodInfo]: ...
+
+    @property
+    def by_container_id(self) -> Mapping[str, tuple[PodInfo, ContainerInfo]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessAttribution:
+    """One GPU process and where it runs."""
+
+    pid: int
+    uuid: str
+    used_memory_bytes: int | None
+    sm_util: float | None  # None when utilization could not be read for the device
+    pod: PodInfo | None
+    container: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUsage:
+    """One container's usage of one GPU (a share row, or the exclusive holder)."""
+
+    pod: PodInfo
+    container: str
+    sm_util: float | None
+    memory_used_bytes: int | None
+    allocation: Allocation | None  # None: running on the GPU without an allocation
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAttribution:
+    device: DeviceSample
+    mode: str
+    users: tuple[ContainerUsage, ...]  # one for exclusive, the share rows for share, () for None
+    unaccounted: tuple[ProcessAttribution, ...]
+    processes: tuple[ProcessAttribution, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedAllocation:
+    """An allocation with its GPU resolved ("" if still unknown) and whole-GPU memory filled in."""
+
+    pod: PodInfo
+    container: str
+    uuid: str
+    minor_number: int | None
+    allocate_mode: str
+    scheme: str
+    compute_percent: float | None
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAttribution:
+    devices: tuple[DeviceAttribution, ...]
+    allocations: tuple[PlacedAllocation, ...]
+    pods: tuple[PodInfo, ...]  # pods holding or using a GPU on this node
+    skips: Mapping[str, int]
+
+
+def combine_util_samples(samples: Sequence[UtilSample]) -> dict[int, float]:
+    """Mean SM utilization per pid over the samples of one interval (rule 2)."""
+    sums: dict[int, list[float]] = {}
+    for s in samples:
+        acc = sums.setdefault(s.pid, [0.0, 0.0])
+        acc[0] += s.sm_util
+        acc[1] += 1
+    return {pid: total / n for pid, (total, n) in sums.items()}
+
+
+def _locate(ref: CgroupRef | None, pods: PodLookup, skip) -> tuple[PodInfo | None, str | None]:
+    if ref is None:
+        return None, None
+    if ref.container_id is not None:
+        hit = pods.by_container_id.get(ref.container_id)
+        if hit is not None:
+            return hit[0], hit[1].name
+    pod = pods.pods.get(ref.pod_uid)
+    if pod is None:
+        skip("process_pod_not_in_cache")
+    elif ref.container_id is not None:
+        skip("process_container_not_in_cache")
+    return pod, None
+
+
+def attribute(
+    sample: NodeSample,
+    pids: Mapping[int, CgroupRef | None],
+    pods: PodLookup,
+    allocations: Sequence[Allocation],
+) -> NodeAttribution:
+    """Apply the rules in the module docstring to one sampling cycle."""
+    skips: dict[str, int] = {}
+
+    def skip(reason: str) -> None:
+        skips[reason] = skips.get(reason, 0) + 1
+
+    devices = {d.uuid: d for d in sample.devices}
+    # Per device: processes with their container.
+    procs: dict[str, list[ProcessAttribution]] = {}
+    for d in sample.devices:
+        util = combine_util_samples(d.util_samples) if d.util_samples_ok else None
+        rows = []
+        for p in d.processes:
+            if p.pid not in pids:
+                skip("process_exited")  # gone before /proc could be read
+                continue
+            pod, container = _locate(pids[p.pid], pods, skip)
+            sm = None if util is None else min(100.0, util.get(p.pid, 0.0))
+            rows.append(ProcessAttribution(p.pid, d.uuid, p.used_memory_bytes, sm, pod, container))
+        procs[d.uuid] = rows
+
+    # Place allocations whose GPU is unknown on the GPUs their container runs on (rule 4).
+    running: dict[tuple[str, str], list[str]] = {}
+    for uuid, rows in procs.items():
+        for r in rows:
+            if r.pod is not None and r.container is not None:
+                gpus = running.setdefault((r.pod.uid, r.container), [])
+                if uuid not in gpus:
+                    gpus.append(uuid)
+    placed: list[tuple[Allocation, str | None]] = []
+    taken: dict[tuple[str, str], set[str]] = {}
+    for a in allocations:
+        if a.uuid is not None:
+            if a.uuid in devices:
+                taken.setdefault((a.pod_uid, a.container), set()).add(a.uuid)
+                placed.append((a, a.uuid))
+            else:
+                placed.append((a, None))
+    for a in allocations:
+        if a.uuid is None:
+            key = (a.pod_uid, a.container)
+            have = taken.setdefault(key, set())
+            free = [u for u in running.get(key, ()) if u not in have]
+            target = free[0] if free else None
+            if target is not None:
+                have.add(target)
+            placed.append((a, target))
+
+    holders: dict[str, dict[tuple[str, str], Allocation]] = {u: {} for u in devices}
+    for a, uuid in placed:
+        if uuid is not None:
+            holders[uuid].setdefault((a.pod_uid, a.container), a)
+
+    pods_used: dict[str, PodInfo] = {}
+    results: list[DeviceAttribution] = []
+    modes: dict[str, str] = {}
+    for d in sample.devices:
+        rows = procs[d.uuid]
+        held = holders[d.uuid]
+        per_container: dict[tuple[str, str], list[ProcessAttribution]] = {}
+        for r in rows:
+            if r.pod is not None and r.container is not None:
+                per_container.setdefault((r.pod.uid, r.container), []).append(r)
+        others = [k for k in per_container if k not in held]
+        only = next(iter(held.values())) if len(held) == 1 else None
+        if only is not None and only.whole and not others:
+            mode = EXCLUSIVE
+        elif held or len(per_container) >= 2:
+            mode = SHARE
+        else:
+            mode = NONE
+        modes[d.uuid] = mode
+        users: list[ContainerUsage] = []
+        if mode != NONE:
+            for key in [*held, *others]:
+                pod = pods.pods.get(key[0])
+                if pod is None:
+                    skip("allocation_pod_missing")
+                    continue
+                mine = per_container.get(key, [])
+                sm = None if any(r.sm_util is None for r in mine) else min(
+                    100.0, sum(r.sm_util or 0.0 for r in mine))
+                mem = None if any(r.used_memory_bytes is None for r in mine) else sum(
+                    r.used_memory_bytes or 0 for r in mine)
+                if mode == EXCLUSIVE:
+                    sm = None if d.utilization_gpu is None else float(d.utilization_gpu)
+                    mem = d.memory_used_bytes
+                users.append(ContainerUsage(pod, key[1], sm, mem, held.get(key)))
+                pods_used[pod.uid] = pod
+            users.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.container))
+        unaccounted = tuple(r for r in rows if r.pod is None or r.container is None or
+                            (r.pod.uid, r.container) not in held)
+        for r in unaccounted:
+            if r.pod is not None:
+                pods_used[r.pod.uid] = r.pod
+        results.append(DeviceAttribution(d, mode, tuple(users), unaccounted, tuple(rows)))
+
+    placed_out: list[PlacedAllocation] = []
+    for a, uuid in placed:
+        pod = pods.pods.get(a.pod_uid)
+        if pod is None:
+            continue
+        dev = devices.get(uuid) if uuid else None
+        memory = a.memory_bytes
+        if memory is None and a.whole and dev is not None:
+            memory = dev.memory_total_bytes
+        mode = modes.get(uuid, SHARE if not a.whole else EXCLUSIVE) if uuid else (
+            EXCLUSIVE if a.whole else SHARE)
+        placed_out.append(PlacedAllocation(pod, a.container, uuid or "",
+                                           dev.minor_number if dev else None, mode, a.scheme,
+                                           a.compute_percent, memory))
+        pods_used[pod.uid] = pod
+    placed_out.sort(key=lambda p: (p.pod.namespace, p.pod.name, p.container, p.uuid))
+    return NodeAttribution(tuple(results), tuple(placed_out),
+                           tuple(sorted(pods_used.values(), key=lambda p: (p.namespace, p.name))),
+                           skips)

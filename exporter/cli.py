@@ -1,0 +1,256 @@
+"""Command line: wires the configured sources into the pipeline and serves it.
+
+``kube-gpu-exporter [flags]`` runs the exporter; ``kube-gpu-exporter rules ...`` renders the
+recording-rule bundle; ``kube-gpu-exporter render [flags]`` prints one exposition and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from exporter.config import Config, ConfigError, load_config
+from exporter.rows import LabelNames
+from exporter.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
+from exporter.simulate import ScenarioError, ScenarioProc, SimulatedBackend, load_scenario
+from exporter.snapshot import empty_snapshot
+
+log = logging.getLogger("kube_gpu_exporter")
+
+
+@dataclass
+class Daemon:
+    """Everything one exporter process runs; ``close()`` stops it all."""
+
+    config: Config
+    node_name: str
+    pipeline: Pipeline
+    holder: SnapshotHolder
+    sampler: SamplerThread
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.sampler.stop()
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception:  # shutting down: report, keep closing the rest
+                log.exception("error while shutting down")
+
+
+def _static_pods(objs: Sequence[Mapping]) -> Callable[[], PodState]:
+    from exporter.pods import PodStore
+
+    store = PodStore()
+    store.replace(list(objs), "1")
+    view = store.view()
+    now = time.time()
+    skips = dict(store.skips())
+    return lambda: PodState(view=view, synced=True, last_sync=now, sync_errors=0, skips=skips)
+
+
+def _empty_pods() -> Callable[[], PodState]:
+    from exporter.pods import PodStore
+
+    view = PodStore().view()
+    return lambda: PodState(view=view, synced=False, last_sync=None)
+
+
+def build_daemon(cfg: Config) -> Daemon:
+    """Construct (but do not start) the exporter for this configuration."""
+    names = LabelNames(cfg.pod_label, cfg.namespace_label, cfg.container_label)
+    closers: list[Callable[[], None]] = []
+    api_client = None
+    if cfg.simulate:
+        scenario = load_scenario(cfg.simulate)
+        node = cfg.node_name or scenario.node or os.uname().nodename
+        backend = SimulatedBackend(scenario)
+        proc = ScenarioProc(scenario)
+        pods = _static_pods(scenario.pods)
+        labels = dict(scenario.node_labels)
+
+        def node_labels() -> Mapping[str, str]:
+            return labels
+
+        def pod_resources(pr=scenario.pod_resources):
+            return pr
+        if cfg.kube_api_url:
+            from exporter.pod_watcher import build_api_client
+            api_client = build_api_client(cfg.kube_api_url, None)
+    else:
+        from exporter.nvml_backend import NvmlBackend
+        from exporter.procfs import ProcReader
+
+        node = cfg.node_name or os.environ.get("NODE_NAME") or os.uname().nodename
+        backend = NvmlBackend()
+        closers.append(backend.close)
+        proc = ProcReader(Path(cfg.host_proc))
+        pods, node_labels, api_client = _cluster_sources(cfg, node, closers)
+        pod_resources = _pod_resources_source(cfg.pod_resources_socket)
+
+    holder = SnapshotHolder(empty_snapshot(0.0))
+    xid_families = _xid(cfg, node, names, holder, api_client, closers)
+    pipeline = Pipeline(backend, proc, pods, node, names, node_labels, pod_resources, xid_families,
+                        cfg.per_process_metrics)
+    sampler = SamplerThread(pipeline, holder, cfg.interval)
+    return Daemon(cfg, node, pipeline, holder, sampler, closers)
+
+
+def _cluster_sources(cfg: Config, node: str, closers: list):
+    """Pods and node labels from the API (or nothing, with --no-pod-watch)."""
+    if not cfg.pod_watch:
+        return _empty_pods(), dict, None
+    from exporter.pod_watcher import PodWatcher, build_api_client
+
+    api_client = build_api_client(cfg.kube_api_url, cfg.kubeconfig)
+    watcher = PodWatcher(node, api_client)
+    watcher.start()
+    closers.append(watcher.stop)
+
+    def pods() -> PodState:
+        s = watcher.stats()
+        return PodState(watcher.view(), s.synced, s.last_sync_timestamp, s.sync_errors, s.skips)
+
+    labels = NodeLabels(node, api_client)
+    labels.start()
+    closers.append(labels.stop)
+    return pods, labels.get, api_client
+
+
+class NodeLabels(threading.Thread):
+    """The node's labels (sharing strategy, replicas), refreshed every few minutes."""
+
+    def __init__(self, node: str, api_client, refresh: float = 300.0) -> None:
+        super().__init__(name="node-labels", daemon=True)
+        self._node, self._api, self._refresh = node, api_client, refresh
+        self._labels: Mapping[str, str] = {}
+        self._stop_event = threading.Event()
+
+    def get(self) -> Mapping[str, str]:
+        return self._labels
+
+    def run(self) -> None:
+        from kubernetes import client
+
+        api = client.CoreV1Api(self._api)
+        while not self._stop_event.is_set():
+            try:
+                node = api.read_node(self._node, _request_timeout=10)
+                self._labels = dict(node.metadata.labels or {})
+                wait = self._refresh
+            except Exception as e:  # keep the last labels; the API may be down
+                log.warning("cannot read node %s: %s", self._node, e)
+                wait = 30.0
+            self._stop_event.wait(wait)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def _pod_resources_source(socket: str):
+    """kubelet pod-resources answers, when the socket exists; None otherwise."""
+    if not socket:
+        return lambda: None
+    from exporter.podresources import PodResourcesUnavailable, list_pod_resources
+
+    warned = []
+
+    def fetch():
+        if not os.path.exists(socket):
+            return None
+        try:
+            return list_pod_resources(socket, timeout=1.0)
+        except PodResourcesUnavailable as e:
+            if not warned:
+                log.warning("kubelet pod-resources unavailable: %s", e)
+                warned.append(True)
+            return None
+    return fetch
+
+
+def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_client,
+         closers: list) -> Callable[[], list]:
+    """Start the Xid watcher when configured; return its metric families source."""
+    explicit_kmsg = "--kmsg-path" in sys.argv or "KUBE_GPU_EXPORTER_KMSG_PATH" in os.environ
+    if not cfg.xid or (cfg.simulate and not explicit_kmsg):
+        return list
+    from exporter.xid import bus_id_from_nvml
+    from exporter.xid_watcher import XidWatcher, xid_metric_families
+
+    def resolve_bus_id(bus: str):
+        for d in holder.get().devices:
+            if bus_id_from_nvml(d.pci_bus_id) == bus:
+                return d.uuid, d.minor_number
+        return None
+
+    def resolve_pid(pid: int):
+        return holder.get().pid_owners.get(pid)
+
+    sink = None
+    if cfg.events and api_client is not None:
+        from exporter.events_writer import EventsWriter
+        sink = EventsWriter(api_client)
+        sink.start()
+        closers.append(sink.stop)
+    watcher = XidWatcher(cfg.kmsg_path, node, resolve_bus_id, resolve_pid, sink,
+                         replay_from_start=cfg.kmsg_replay, lookback_seconds=cfg.xid_lookback)
+    watcher.start()
+    closers.append(watcher.stop)
+    return lambda: xid_metric_families(watcher.stats(), node, names.pod, names.namespace, names.container)
+
+
+def _serve(daemon: Daemon) -> int:
+    from aiohttp import web
+
+    from exporter.server import make_app
+
+    host, port = daemon.config.host_port
+    daemon.sampler.run_once()  # the first scrape already has data
+    daemon.sampler.start()
+    app = make_app(daemon.holder, stale_after=max(60.0, 20 * daemon.config.interval))
+    shown = f"[{host}]" if ":" in host else host
+    print(f"kube-gpu-exporter: node {daemon.node_name}, serving http://{shown}:{port}/metrics",
+          flush=True)
+    try:
+        web.run_app(app, host=host, port=port, print=None, handle_signals=True)
+    finally:
+        daemon.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "rules":
+        from exporter.rulesgen import main as rules_main
+        return rules_main(args[1:])
+    render_once = bool(args) and args[0] == "render"
+    if render_once:
+        args = args[1:]
+    try:
+        cfg = load_config(args)
+        logging.basicConfig(level=cfg.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if render_once:
+            cfg = replace(cfg, xid=False, pod_watch=False if not cfg.simulate else cfg.pod_watch)
+        daemon = build_daemon(cfg)
+    except (ConfigError, ScenarioError) as e:
+        print(f"kube-gpu-exporter: error: {e}", file=sys.stderr)
+        return 2
+    if render_once:
+        try:
+            snapshot, _ = daemon.pipeline.step()
+            sys.stdout.buffer.write(snapshot.body)
+        finally:
+            daemon.close()
+        return 0
+    return _serve(daemon)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,251 @@
+"""Metric families from one attributed sample: the rows documented in docs/metrics.md.
+
+Pure: takes the attribution, the sample and the exporter's own counters, returns
+``prometheus_client`` metric families. Absent values (NotSupported, lost GPU, unknown
+memory) produce no row rather than a made-up 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter import __version__
+from exporter.attribution import NONE, SHARE, ContainerUsage, DeviceAttribution, NodeAttribution
+from exporter.model import EMPTY, DeviceSample, NodeSample, PodInfo
+
+
+@dataclass(frozen=True, slots=True)
+class LabelNames:
+    """Names of the pod labels (configurable to dodge target-label collisions)."""
+
+    pod: str = "pod_name"
+    namespace: str = "namespace_name"
+    container: str = "container_name"
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterStats:
+    """The exporter's own state at snapshot time."""
+
+    samples_total: int = 0
+    sample_failures_total: int = 0
+    pod_sync_errors_total: int = 0
+    pod_cache_age_seconds: float | None = None
+    pod_cache_synced: bool = False
+    skips: Mapping[str, int] = field(default_factory=lambda: EMPTY)
+    snapshot_timestamp: float = 0.0
+
+
+HELP = {
+    "nvidia_gpu_duty_cycle": "Percent of time over the past sample period during which one or more kernels "
+    "were executing on the GPU device",
+    "nvidia_gpu_gpu_sharing_memory": "GPU allocated memory when GPU sharing",
+    "nvidia_gpu_memory_total_bytes": "Total memory of the GPU device",
+    "nvidia_gpu_memory_used_bytes": "Memory used by the GPU device",
+    "nvidia_gpu_num_devices": "Number of GPU devices",
+    "nvidia_gpu_power_usage_milliwatts": "Power usage of the GPU device in milliwatts",
+    "nvidia_gpu_temperature_celsius": "Temperature of the GPU device in celsius",
+}
+
+
+class _Families:
+    """Ordered family builders keyed by name; empty families are dropped at the end."""
+
+    def __init__(self) -> None:
+        self._fams: dict[str, Metric] = {}
+
+    def gauge(self, name: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
+        if name not in self._fams:
+            self._fams[name] = GaugeMetricFamily(name, doc, labels=list(labels))
+        return self._fams[name]  # type: ignore[return-value]
+
+    def counter(self, name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
+        if name not in self._fams:
+            self._fams[name] = CounterMetricFamily(name, doc, labels=list(labels))
+        return self._fams[name]  # type: ignore[return-value]
+
+    def result(self) -> list[Metric]:
+        return [f for f in self._fams.values() if f.samples]
+
+
+def _add(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        fam.add_metric(labels, float(value))
+
+
+def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: LabelNames,
+                   stats: ExporterStats, per_process: bool = False) -> list[Metric]:
+    """All families for one snapshot, in a stable order."""
+    f = _Families()
+    row_labels = ["allocate_mode", names.container, "minor_number", "name", names.namespace,
+                  "node_name", names.pod, "uuid"]
+    duty = f.gauge("nvidia_gpu_duty_cycle", HELP["nvidia_gpu_duty_cycle"], row_labels)
+    sharing = f.gauge("nvidia_gpu_gpu_sharing_memory", HELP["nvidia_gpu_gpu_sharing_memory"], row_labels)
+    mtotal = f.gauge("nvidia_gpu_memory_total_bytes", HELP["nvidia_gpu_memory_total_bytes"], row_labels)
+    mused = f.gauge("nvidia_gpu_memory_used_bytes", HELP["nvidia_gpu_memory_used_bytes"], row_labels)
+    ndev = f.gauge("nvidia_gpu_num_devices", HELP["nvidia_gpu_num_devices"], ["node_name"])
+    power = f.gauge("nvidia_gpu_power_usage_milliwatts", HELP["nvidia_gpu_power_usage_milliwatts"],
+                    row_labels)
+    temp = f.gauge("nvidia_gpu_temperature_celsius", HELP["nvidia_gpu_temperature_celsius"], row_labels)
+
+    def row(d: DeviceSample, mode: str, pod: PodInfo | None, container: str) -> list[str]:
+        return [mode, container, _minor(d), d.name, pod.namespace if pod else "", node,
+                pod.name if pod else "", d.uuid]
+
+    for da in attr.devices:
+        d = da.device
+        if da.mode == NONE or da.mode == SHARE:
+            lbl = row(d, NONE, None, "")
+            _add(duty, lbl, d.utilization_gpu)
+            _add(mtotal, lbl, d.memory_total_bytes)
+            _add(mused, lbl, d.memory_used_bytes)
+            _add(power, lbl, d.power_usage_milliwatts)
+            _add(temp, lbl, d.temperature_celsius)
+        for u in da.users:
+            lbl = row(d, da.mode, u.pod, u.container)
+            _add(duty, lbl, u.sm_util)
+            if da.mode == SHARE and u.allocation is not None:
+                _add(sharing, lbl, _granted_memory(u))
+            _add(mtotal, lbl, d.memory_total_bytes)
+            _add(mused, lbl, u.memory_used_bytes)
+            _add(power, lbl, d.power_usage_milliwatts)
+            _add(temp, lbl, d.temperature_celsius)
+    ndev.add_metric([node], len(sample.devices))
+
+    _allocation_families(f, attr, node, names)
+    _node_families(f, sample, node)
+    _pod_info(f, attr.pods, node, names)
+    _device_families(f, sample, node)
+    _process_families(f, attr.devices, node, names, per_process)
+    _self_families(f, sample, stats, node)
+    return f.result()
+
+
+def _minor(d: DeviceSample) -> str:
+    return "" if d.minor_number is None else str(d.minor_number)
+
+
+def _granted_memory(u: ContainerUsage) -> int | None:
+    return u.allocation.memory_bytes if u.allocation is not None else None
+
+
+def _allocation_families(f: _Families, attr: NodeAttribution, node: str, names: LabelNames) -> None:
+    labels = ["node_name", names.namespace, names.pod, names.container, "uuid", "minor_number",
+              "allocate_mode", "scheme"]
+    compute = f.gauge("nvidia_gpu_allocated_compute_percent",
+                      "Compute a container was allocated on a GPU, in percent of one GPU", labels)
+    memory = f.gauge("nvidia_gpu_allocated_memory_bytes",
+                     "Memory a container was allocated on a GPU, in bytes", labels)
+    # Several unplaced allocations of one container share a label set: sum them.
+    totals: dict[tuple[str, ...], list[float | None]] = {}
+    for a in attr.allocations:
+        key = (node, a.pod.namespace, a.pod.name, a.container, a.uuid,
+               "" if a.minor_number is None else str(a.minor_number), a.allocate_mode, a.scheme)
+        acc = totals.setdefault(key, [None, None])
+        if a.compute_percent is not None:
+            acc[0] = (acc[0] or 0.0) + a.compute_percent
+        if a.memory_bytes is not None:
+            acc[1] = (acc[1] or 0.0) + a.memory_bytes
+    for key, (c, m) in totals.items():
+        _add(compute, list(key), c)
+        _add(memory, list(key), m)
+
+
+def _node_families(f: _Families, sample: NodeSample, node: str) -> None:
+    known = [d.memory_total_bytes for d in sample.devices if d.memory_total_bytes is not None]
+    healthy = [d for d in sample.devices if not d.lost]
+    f.gauge("nvidia_gpu_node_memory_total_bytes", "Memory of all GPUs on the node, in bytes",
+            ["node_name"]).add_metric([node], float(sum(known)))
+    f.gauge("nvidia_gpu_node_healthy_devices", "GPUs on the node not reported lost",
+            ["node_name"]).add_metric([node], len(healthy))
+    f.gauge("nvidia_gpu_node_healthy_memory_bytes", "Memory of the GPUs not reported lost, in bytes",
+            ["node_name"]).add_metric([node], float(sum(d.memory_total_bytes or 0 for d in healthy)))
+
+
+def _pod_info(f: _Families, pods: Iterable[PodInfo], node: str, names: LabelNames) -> None:
+    fam = f.gauge("nvidia_gpu_pod_info", "Pods holding or using a GPU on this node, with their workload",
+                  ["node_name", names.namespace, names.pod, "workload_kind", "workload_name", "pod_uid"])
+    for p in pods:
+        fam.add_metric([node, p.namespace, p.name, p.workload_kind, p.workload_name or p.name, p.uid], 1)
+
+
+def _device_families(f: _Families, sample: NodeSample, node: str) -> None:
+    base = ["node_name", "uuid", "minor_number", "name"]
+    info = f.gauge("nvidia_gpu_info", "GPU device information", [*base, "pci_bus_id", "driver_version"])
+    up = f.gauge("nvidia_gpu_up", "1 unless NVML reported the GPU lost", base)
+    gauges = [
+        ("nvidia_gpu_memory_utilization", "Percent of time device memory was read or written",
+         "utilization_memory", 1),
+        ("nvidia_gpu_sm_clock_hertz", "SM clock in hertz", "sm_clock_mhz", 1e6),
+        ("nvidia_gpu_memory_clock_hertz", "Memory clock in hertz", "memory_clock_mhz", 1e6),
+        ("nvidia_gpu_encoder_utilization", "Encoder utilization in percent", "encoder_utilization", 1),
+        ("nvidia_gpu_decoder_utilization", "Decoder utilization in percent", "decoder_utilization", 1),
+        ("nvidia_gpu_clocks_event_reasons", "Bitmask of current clocks event (throttle) reasons",
+         "clocks_event_reasons", 1),
+    ]
+    ecc = f.gauge("nvidia_gpu_ecc_errors", "Volatile ECC error count since the driver loaded",
+                  [*base, "type"])
+    for d in sample.devices:
+        lbl = [node, d.uuid, _minor(d), d.name]
+        info.add_metric([*lbl, d.pci_bus_id, sample.driver_version], 1)
+        up.add_metric(lbl, 0 if d.lost else 1)
+        for name, doc, attr, scale in gauges:
+            value = getattr(d, attr)
+            if value is not None:
+                f.gauge(name, doc, base).add_metric(lbl, value * scale)
+        _add(ecc, [*lbl, "corrected"], d.ecc_corrected_total)
+        _add(ecc, [*lbl, "uncorrected"], d.ecc_uncorrected_total)
+
+
+def _process_families(f: _Families, devices: Iterable[DeviceAttribution], node: str, names: LabelNames,
+                      per_process: bool) -> None:
+    labels = ["node_name", "uuid", "minor_number", "name", names.namespace, names.pod, names.container,
+              "pid"]
+    umem = f.gauge("nvidia_gpu_unaccounted_process_memory_used_bytes",
+                   "Memory of GPU processes that belong to no container allocated that GPU", labels)
+    uduty = f.gauge("nvidia_gpu_unaccounted_process_duty_cycle",
+                    "SM utilization of GPU processes that belong to no container allocated that GPU",
+                    labels)
+    pmem = f.gauge("nvidia_gpu_process_memory_used_bytes", "Memory used by a GPU process", labels)
+    pduty = f.gauge("nvidia_gpu_process_duty_cycle", "SM utilization of a GPU process", labels)
+    for da in devices:
+        d = da.device
+        groups = [(da.unaccounted, umem, uduty)] + ([(da.processes, pmem, pduty)] if per_process else [])
+        for procs, mem, duty in groups:
+            for p in procs:
+                lbl = [node, d.uuid, _minor(d), d.name, p.pod.namespace if p.pod else "",
+                       p.pod.name if p.pod else "", p.container or "", str(p.pid)]
+                _add(mem, lbl, p.used_memory_bytes)
+                _add(duty, lbl, p.sm_util)
+
+
+def _self_families(f: _Families, sample: NodeSample, stats: ExporterStats, node: str) -> None:
+    f.gauge("kube_gpu_exporter_build_info", "kube-gpu-exporter version", ["version"]).add_metric(
+        [__version__], 1)
+    f.gauge("kube_gpu_exporter_nvml_up", "1 when NVML is initialised", []).add_metric(
+        [], 1 if sample.nvml_up else 0)
+    f.gauge("kube_gpu_exporter_sample_duration_seconds", "Duration of the last sampling cycle",
+            []).add_metric([], sample.duration_seconds)
+    f.counter("kube_gpu_exporter_samples", "Sampling cycles completed", []).add_metric(
+        [], stats.samples_total)
+    f.counter("kube_gpu_exporter_sample_failures", "Sampling cycles that failed unexpectedly",
+              []).add_metric([], stats.sample_failures_total)
+    errs = f.counter("kube_gpu_exporter_nvml_errors", "NVML call failures by call and error",
+                     ["call", "code"])
+    for (call, code), n in sorted(sample.errors.items()):
+        errs.add_metric([call, code], n)
+    f.gauge("kube_gpu_exporter_snapshot_timestamp_seconds", "Unix time the served snapshot was built",
+            []).add_metric([], stats.snapshot_timestamp)
+    f.counter("kube_gpu_exporter_pod_sync_errors", "Pod list/watch failures", []).add_metric(
+        [], stats.pod_sync_errors_total)
+    f.gauge("kube_gpu_exporter_pod_cache_synced", "1 when the pod cache has synced with the API",
+            []).add_metric([], 1 if stats.pod_cache_synced else 0)
+    _add(f.gauge("kube_gpu_exporter_pod_cache_age_seconds",
+                 "Seconds since the pod cache was last in sync with the API", []), [],
+         stats.pod_cache_age_seconds)
+    skips = f.counter("kube_gpu_exporter_skips", "Inputs skipped, by reason", ["reason"])
+    for reason, n in sorted(stats.skips.items()):
+        skips.add_metric([reason], n)

@@ -1,0 +1,165 @@
+"""The collection loop: sample -> attribute -> snapshot, on its own thread.
+
+:class:`Pipeline` is one cycle, built from the sources the CLI wires up (real NVML or the
+simulated node, /proc or the scenario's cgroups, the pod watcher or the scenario's pods).
+:class:`SamplerThread` runs it on an interval and publishes each snapshot to a
+:class:`SnapshotHolder`; the HTTP server only ever reads the holder.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from prometheus_client.core import Metric
+
+from exporter.attribution import NodeAttribution, PodLookup, attribute
+from exporter.model import CgroupRef, NodeSample, PodResources
+from exporter.rows import ExporterStats, LabelNames, build_families
+from exporter.sharing import compute_allocations
+from exporter.snapshot import Snapshot, make_snapshot
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    def sample(self) -> NodeSample: ...
+
+
+class ProcSource(Protocol):
+    def resolve(self, pids: Iterable[int]) -> dict[int, CgroupRef | None]: ...
+
+    def skips(self) -> Mapping[str, int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    """The pod source's answer for one cycle."""
+
+    view: PodLookup
+    synced: bool
+    last_sync: float | None
+    sync_errors: int = 0
+    skips: Mapping[str, int] = field(default_factory=dict)
+
+
+class SnapshotHolder:
+    """The last published snapshot; replacing the reference is atomic under the GIL."""
+
+    def __init__(self, initial: Snapshot) -> None:
+        self._snapshot = initial
+        self._ready = threading.Event()
+
+    def get(self) -> Snapshot:
+        return self._snapshot
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+        self._ready.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self._ready.wait(timeout)
+
+
+class Pipeline:
+    """One sampling cycle from the configured sources to an immutable snapshot."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        proc: ProcSource,
+        pods: Callable[[], PodState],
+        node_name: str,
+        names: LabelNames | None = None,
+        node_labels: Callable[[], Mapping[str, str]] = dict,
+        pod_resources: Callable[[], tuple[PodResources, ...] | None] = lambda: None,
+        extra_families: Callable[[], list[Metric]] = list,
+        per_process: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.proc = proc
+        self.pods = pods
+        self.node_name = node_name
+        self.names = names or LabelNames()
+        self.node_labels = node_labels
+        self.pod_resources = pod_resources
+        self.extra_families = extra_families
+        self.per_process = per_process
+        self.clock = clock
+        self.samples_total = 0
+        self.failures_total = 0
+        self._skips: dict[str, int] = {}
+
+    def step(self) -> tuple[Snapshot, NodeAttribution]:
+        """Run one cycle; raises only on programming errors (the thread counts those)."""
+        started = time.monotonic()
+        sample = self.backend.sample()
+        pids = {p.pid for d in sample.devices for p in d.processes}
+        placement = self.proc.resolve(pids)
+        state = self.pods()
+        allocations = compute_allocations(state.view.pods.values(), sample.devices, self.node_labels(),
+                                          self.pod_resources())
+        attr = attribute(sample, placement, state.view, allocations.allocations)
+        for source in (allocations.skips, attr.skips):
+            for reason, n in source.items():
+                self._skips[reason] = self._skips.get(reason, 0) + n
+        self.samples_total += 1
+        now = self.clock()
+        skips = dict(self._skips)
+        for source in (self.proc.skips(), state.skips):
+            for reason, n in source.items():
+                skips[reason] = skips.get(reason, 0) + n
+        stats = ExporterStats(
+            samples_total=self.samples_total,
+            sample_failures_total=self.failures_total,
+            pod_sync_errors_total=state.sync_errors,
+            pod_cache_age_seconds=None if state.last_sync is None else max(0.0, now - state.last_sync),
+            pod_cache_synced=state.synced,
+            skips=skips,
+            snapshot_timestamp=now,
+        )
+        if sample.duration_seconds == 0.0:
+            sample = replace(sample, duration_seconds=time.monotonic() - started)
+        families = build_families(attr, sample, self.node_name, self.names, stats, self.per_process)
+        families += self.extra_families()
+        owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)
+                  for d in attr.devices for p in d.processes if p.pod is not None}
+        return make_snapshot(families, now, sample.devices, owners), attr
+
+
+class SamplerThread(threading.Thread):
+    """Runs the pipeline every ``interval`` seconds; nothing in a cycle can kill it."""
+
+    def __init__(self, pipeline: Pipeline, holder: SnapshotHolder, interval: float) -> None:
+        super().__init__(name="gpu-sampler", daemon=True)
+        self.pipeline = pipeline
+        self.holder = holder
+        self.interval = interval
+        self._stop = threading.Event()
+
+    def run_once(self) -> None:
+        try:
+            snapshot, _ = self.pipeline.step()
+        except Exception:  # the daemon must survive any bad cycle
+            self.pipeline.failures_total += 1
+            log.exception("sampling cycle failed; serving the previous snapshot")
+            return
+        self.holder.publish(snapshot)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.run_once()
+            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        self._stop.set()

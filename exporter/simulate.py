@@ -1,0 +1,306 @@
+"""The embedded simulated node: a scenario file stands in for NVML, /proc and the API.
+
+Only the outermost edge is simulated: device values come from the file instead of NVML,
+``/proc/<pid>/cgroup`` text comes from the file and goes through the real cgroup parser,
+pods go through the real pod store. Everything after that is the production pipeline.
+The same file drives the fake libnvidia-ml.so.1 (tests/fake_nvml), so fault keys
+(``not_supported``, ``lost_after_ticks``) mean the same in both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.cgroup import parse_cgroup
+from exporter.model import (
+    CgroupRef,
+    DeviceSample,
+    NodeSample,
+    PodResources,
+    PodResourcesContainer,
+    ProcessUsage,
+    UtilSample,
+)
+
+TICK_US = 1_000_000  # simulated sampling period between util sample timestamps
+
+
+class ScenarioError(ValueError):
+    """The scenario file is unusable; the message names the offending key."""
+
+
+_INT_FIELDS = {
+    "minor_number", "memory_total_bytes", "memory_used_bytes", "utilization_gpu", "utilization_memory",
+    "power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
+    "encoder_utilization", "decoder_utilization", "ecc_corrected", "ecc_uncorrected",
+    "clocks_event_reasons", "lost_after_ticks", "process_growth",
+}
+_DEVICE_KEYS = _INT_FIELDS | {"uuid", "name", "pci_bus_id", "processes", "not_supported", "xid_events"}
+_PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_util", "cgroup", "type"}
+_TOP_KEYS = {"node", "node_labels", "devices", "pods", "pod_resources", "nvml", "description"}
+# not_supported names (shared with the fake NVML library) -> the DeviceSample fields they blank.
+NOT_SUPPORTED_FIELDS: dict[str, tuple[str, ...]] = {
+    "power": ("power_usage_milliwatts",),
+    "temperature": ("temperature_celsius",),
+    "utilization": ("utilization_gpu", "utilization_memory"),
+    "clocks": ("sm_clock_mhz", "memory_clock_mhz"),
+    "ecc": ("ecc_corrected_total", "ecc_uncorrected_total"),
+    "encoder": ("encoder_utilization",),
+    "decoder": ("decoder_utilization",),
+    "clocks_event_reasons": ("clocks_event_reasons",),
+    "memory": ("memory_total_bytes", "memory_used_bytes"),
+    "process_utilization": (),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioProcess:
+    pid: int
+    used_memory_bytes: int | None
+    sm_util: int
+    cgroup: str
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioDevice:
+    sample: DeviceSample  # values as configured, processes included, no util samples
+    processes: tuple[ScenarioProcess, ...]
+    not_supported: frozenset[str]
+    lost_after_ticks: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    node: str
+    node_labels: Mapping[str, str]
+    devices: tuple[ScenarioDevice, ...]
+    pods: tuple[Mapping[str, Any], ...]
+    pod_resources: tuple[PodResources, ...] | None
+
+
+def _int(value: object, where: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{where}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ScenarioError(f"{where}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ScenarioError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ScenarioError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _unknown(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    extra = sorted(set(obj) - allowed)
+    if extra:
+        raise ScenarioError(f"{where}: unknown key(s) {', '.join(map(str, extra))}; "
+                            f"allowed: {', '.join(sorted(allowed))}")
+
+
+def _process(raw: object, where: str) -> ScenarioProcess:
+    p = _mapping(raw, where)
+    _unknown(p, _PROCESS_KEYS, where)
+    if "pid" not in p:
+        raise ScenarioError(f"{where}: 'pid' is required")
+    mem = p.get("used_memory_bytes")
+    kind = _str(p.get("type", "compute"), f"{where}.type")
+    if kind not in ("compute", "graphics", "mps"):
+        raise ScenarioError(f"{where}.type: must be compute, graphics or mps, got {kind!r}")
+    sm = _int(p.get("sm_util", 0), f"{where}.sm_util")
+    if sm > 100:
+        raise ScenarioError(f"{where}.sm_util: must be <= 100, got {sm}")
+    return ScenarioProcess(
+        pid=_int(p["pid"], f"{where}.pid", 1),
+        used_memory_bytes=None if mem is None else _int(mem, f"{where}.used_memory_bytes"),
+        sm_util=sm,
+        cgroup=_str(p.get("cgroup", "0::/\n"), f"{where}.cgroup"),
+        kind=kind,
+    )
+
+
+def _device(raw: object, index: int) -> ScenarioDevice:
+    where = f"devices[{index}]"
+    d = _mapping(raw, where)
+    _unknown(d, _DEVICE_KEYS, where)
+    for key in ("uuid", "name"):
+        if key not in d:
+            raise ScenarioError(f"{where}: '{key}' is required")
+    ints = {k: _int(d[k], f"{where}.{k}") for k in _INT_FIELDS if d.get(k) is not None}
+    for k in ("utilization_gpu", "utilization_memory", "encoder_utilization", "decoder_utilization"):
+        if ints.get(k, 0) > 100:
+            raise ScenarioError(f"{where}.{k}: a percentage must be <= 100, got {ints[k]}")
+    if "memory_used_bytes" in ints and "memory_total_bytes" in ints and (
+            ints["memory_used_bytes"] > ints["memory_total_bytes"]):
+        raise ScenarioError(f"{where}: memory_used_bytes exceeds memory_total_bytes")
+    not_supported = frozenset(_str(x, f"{where}.not_supported") for x in _list(
+        d.get("not_supported"), f"{where}.not_supported"))
+    bad = sorted(not_supported - set(NOT_SUPPORTED_FIELDS))
+    if bad:
+        raise ScenarioError(f"{where}.not_supported: unknown field(s) {', '.join(bad)}; "
+                            f"allowed: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
+    processes = tuple(_process(p, f"{where}.processes[{i}]")
+                      for i, p in enumerate(_list(d.get("processes"), f"{where}.processes")))
+    pids = [p.pid for p in processes]
+    if len(set(pids)) != len(pids):
+        raise ScenarioError(f"{where}.processes: duplicate pid")
+    for i, x in enumerate(_list(d.get("xid_events"), f"{where}.xid_events")):
+        _mapping(x, f"{where}.xid_events[{i}]")
+    sample = DeviceSample(
+        index=index,
+        uuid=_str(d["uuid"], f"{where}.uuid"),
+        name=_str(d["name"], f"{where}.name"),
+        minor_number=ints.get("minor_number", index),
+        pci_bus_id=_str(d.get("pci_bus_id", f"00000000:{index + 1:02X}:00.0"), f"{where}.pci_bus_id"),
+        memory_total_bytes=ints.get("memory_total_bytes"),
+        memory_used_bytes=ints.get("memory_used_bytes"),
+        utilization_gpu=ints.get("utilization_gpu"),
+        utilization_memory=ints.get("utilization_memory"),
+        power_usage_milliwatts=ints.get("power_usage_milliwatts"),
+        temperature_celsius=ints.get("temperature_celsius"),
+        sm_clock_mhz=ints.get("sm_clock_mhz"),
+        memory_clock_mhz=ints.get("memory_clock_mhz"),
+        encoder_utilization=ints.get("encoder_utilization"),
+        decoder_utilization=ints.get("decoder_utilization"),
+        ecc_corrected_total=ints.get("ecc_corrected"),
+        ecc_uncorrected_total=ints.get("ecc_uncorrected"),
+        clocks_event_reasons=ints.get("clocks_event_reasons"),
+        processes=tuple(ProcessUsage(p.pid, p.used_memory_bytes, p.kind) for p in processes),
+    )
+    blank = {f: None for name in not_supported for f in NOT_SUPPORTED_FIELDS[name]}
+    if blank:
+        sample = replace(sample, **blank)
+    return ScenarioDevice(sample, processes, not_supported, ints.get("lost_after_ticks"))
+
+
+def _pod_resources(raw: object) -> tuple[PodResources, ...]:
+    out = []
+    for i, p in enumerate(_list(raw, "pod_resources")):
+        where = f"pod_resources[{i}]"
+        p = _mapping(p, where)
+        containers = []
+        for j, c in enumerate(_list(p.get("containers"), f"{where}.containers")):
+            cw = f"{where}.containers[{j}]"
+            c = _mapping(c, cw)
+            devices = []
+            for k, dev in enumerate(_list(c.get("devices"), f"{cw}.devices")):
+                dev = _mapping(dev, f"{cw}.devices[{k}]")
+                name = dev.get("resource_name", dev.get("resourceName"))
+                ids = dev.get("device_ids", dev.get("deviceIds"))
+                devices.append((_str(name, f"{cw}.devices[{k}].resource_name"),
+                                tuple(_str(x, f"{cw}.devices[{k}].device_ids")
+                                      for x in _list(ids, f"{cw}.devices[{k}].device_ids"))))
+            containers.append(PodResourcesContainer(_str(c.get("name"), f"{cw}.name"), tuple(devices)))
+        out.append(PodResources(_str(p.get("name"), f"{where}.name"),
+                                _str(p.get("namespace"), f"{where}.namespace"), tuple(containers)))
+    return tuple(out)
+
+
+def parse_scenario(data: object) -> Scenario:
+    """Validate a loaded scenario document (raises ScenarioError naming the bad key)."""
+    top = _mapping(data, "scenario")
+    _unknown(top, _TOP_KEYS, "scenario")
+    labels = _mapping(top.get("node_labels") or {}, "node_labels")
+    devices = tuple(_device(d, i) for i, d in enumerate(_list(top.get("devices"), "devices")))
+    uuids = [d.sample.uuid for d in devices]
+    if len(set(uuids)) != len(uuids):
+        raise ScenarioError("devices: duplicate uuid")
+    pods = tuple(_mapping(p, f"pods[{i}]") for i, p in enumerate(_list(top.get("pods"), "pods")))
+    return Scenario(
+        node=_str(top.get("node", ""), "node"),
+        node_labels={_str(k, "node_labels"): _str(v, f"node_labels.{k}") for k, v in labels.items()},
+        devices=devices,
+        pods=pods,
+        pod_resources=_pod_resources(top["pod_resources"]) if "pod_resources" in top else None,
+    )
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ScenarioError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return parse_scenario(data)
+    except ScenarioError as e:
+        raise ScenarioError(f"{path}: {e}") from None
+
+
+class SimulatedBackend:
+    """Stands in for :class:`exporter.nvml_backend.NvmlBackend`: one NodeSample per call."""
+
+    def __init__(self, scenario: Scenario, clock=time.time) -> None:
+        self._scenario = scenario
+        self._clock = clock
+        self._tick = 0
+
+    def sample(self) -> NodeSample:
+        self._tick += 1
+        devices = []
+        for sd in self._scenario.devices:
+            if sd.lost_after_ticks is not None and self._tick > sd.lost_after_ticks:
+                s = sd.sample
+                devices.append(DeviceSample(index=s.index, uuid=s.uuid, name=s.name,
+                                            minor_number=s.minor_number, pci_bus_id=s.pci_bus_id,
+                                            lost=True, processes_ok=False, util_samples_ok=False))
+                continue
+            if "process_utilization" in sd.not_supported:
+                devices.append(replace(sd.sample, util_samples_ok=False))
+                continue
+            ts = self._tick * TICK_US
+            samples = tuple(UtilSample(p.pid, ts, p.sm_util) for p in sd.processes if p.sm_util > 0)
+            devices.append(replace(sd.sample, util_samples=samples))
+        return NodeSample(timestamp=self._clock(), devices=tuple(devices), nvml_up=True,
+                          driver_version="simulated")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class ScenarioProc:
+    """Stands in for :class:`exporter.procfs.ProcReader` with the scenario's cgroup texts."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        parsed = {p.pid: parse_cgroup(p.cgroup) for d in scenario.devices for p in d.processes}
+        self._refs = {pid: r.ref for pid, r in parsed.items()}
+        malformed = sum(r.malformed_lines for r in parsed.values())
+        self._skips: dict[str, int] = {"malformed_cgroup_line": malformed} if malformed else {}
+
+    def resolve(self, pids: Iterable[int]) -> dict[int, CgroupRef | None]:
+        out: dict[int, CgroupRef | None] = {}
+        for pid in pids:
+            if pid in self._refs:
+                out[pid] = self._refs[pid]
+            else:
+                self._skips["exited"] = self._skips.get("exited", 0) + 1
+        return out
+
+    def skips(self) -> Mapping[str, int]:
+        return dict(self._skips)
