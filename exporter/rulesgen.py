@@ -1,0 +1,335 @@
+"""Render the recording-rule bundle (plain rule file or PrometheusRule) from jinja2 templates.
+
+The templates ship inside the package (``exporter/templates/rules``, also reachable as
+``rules/templates`` in the repository) so that ``kube-gpu-exporter rules`` works from a
+non-editable install. Run ``kube-gpu-exporter rules --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import yaml
+
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
+
+LEVELS: tuple[str, ...] = ("container", "pod", "node", "workload", "namespace", "cluster")
+
+# Labels the exporter always emits under these fixed names; a configurable label must not
+# shadow them or the aggregations would silently merge two different dimensions.
+FIXED_LABELS: frozenset[str] = frozenset(
+    {"workload_kind", "workload_name", "uuid", "minor_number", "allocate_mode", "scheme", "name", "pod_uid"}
+)
+
+_LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Prometheus duration syntax (units in descending order, each at most once).
+_DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
+_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+class RuleOptionsError(ValueError):
+    """Raised for option values that would render an invalid or misleading bundle."""
+
+
+@dataclass(frozen=True)
+class RuleOptions:
+    """What to render. Label names must match what the exporter was started with."""
+
+    pod_label: str = "pod_name"
+    namespace_label: str = "namespace_name"
+    container_label: str = "container_name"
+    node_label: str = "node_name"
+    cluster_label: str | None = None
+    interval: str = "30s"
+    levels: tuple[str, ...] = LEVELS
+    group_name: str = "k8s-gpu"
+
+    def validate(self) -> None:
+        """Raise :class:`RuleOptionsError` with a message naming the offending option."""
+        named = {
+            "--pod-label": self.pod_label,
+            "--namespace-label": self.namespace_label,
+            "--container-label": self.container_label,
+            "--node-label": self.node_label,
+        }
+        if self.cluster_label is not None:
+            named["--cluster-label"] = self.cluster_label
+        for flag, value in named.items():
+            if not _LABEL_RE.match(value or ""):
+                raise RuleOptionsError(
+                    f"{flag}: {value!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+                )
+            if value.startswith("__"):
+                raise RuleOptionsError(f"{flag}: {value!r} starts with '__', which Prometheus reserves")
+            if value in FIXED_LABELS:
+                raise RuleOptionsError(f"{flag}: {value!r} is a label the exporter already uses")
+        seen: dict[str, str] = {}
+        for flag, value in named.items():
+            if value in seen:
+                raise RuleOptionsError(f"{flag} and {seen[value]} are both {value!r}; they must differ")
+            seen[value] = flag
+        if (
+            not self.interval
+            or not _DURATION_RE.match(self.interval)
+            or not re.search(r"[1-9]", self.interval)
+        ):
+            raise RuleOptionsError(
+                f"--interval: {self.interval!r} is not a positive Prometheus duration (e.g. 30s, 1m)"
+            )
+        if not self.levels:
+            raise RuleOptionsError("--levels: at least one level is required")
+        unknown = [lv for lv in self.levels if lv not in LEVELS]
+        if unknown:
+            raise RuleOptionsError(
+                f"--levels: unknown level(s) {', '.join(unknown)}; choose from {', '.join(LEVELS)}"
+            )
+        if not _K8S_NAME_RE.match(self.group_name):
+            raise RuleOptionsError(f"group name {self.group_name!r} must be a lowercase DNS-style name")
+
+    def to_args(self) -> list[str]:
+        """The ``kube-gpu-exporter rules`` flags that reproduce these options (defaults omitted)."""
+        d = RuleOptions()
+        out: list[str] = []
+        for attr, flag in (
+            ("pod_label", "--pod-label"),
+            ("namespace_label", "--namespace-label"),
+            ("container_label", "--container-label"),
+            ("node_label", "--node-label"),
+            ("cluster_label", "--cluster-label"),
+            ("interval", "--interval"),
+        ):
+            if getattr(self, attr) != getattr(d, attr):
+                out.append(f"{flag}={getattr(self, attr)}")
+        if tuple(self.levels) != d.levels:
+            out.append(f"--levels={','.join(self.levels)}")
+        return out
+
+
+def _by(labels: Sequence[str]) -> str:
+    """``by (a, b)``; empty string for no labels so ``sum(x)`` stays readable."""
+    return f"by ({', '.join(labels)}) " if labels else ""
+
+
+def _context(opts: RuleOptions) -> dict[str, object]:
+    cl = [opts.cluster_label] if opts.cluster_label else []
+    node, ns, pod, ctr = opts.node_label, opts.namespace_label, opts.pod_label, opts.container_label
+    wl = ["workload_kind", "workload_name"]
+    keys = {
+        "CL": cl,
+        "N": [*cl, node],
+        "NS": [*cl, ns],
+        "PI": [*cl, ns, pod],  # identifies a pod in a cluster: the workload-join key
+        "PIW": [*cl, ns, pod, *wl],
+        "P": [*cl, node, ns, pod],
+        "C": [*cl, node, ns, pod, ctr],
+        "W": [*cl, ns, *wl],
+        "NU": [*cl, node, "uuid"],
+        "CARD": [*cl, node, "uuid", "minor_number"],
+        "PCARD": [*cl, node, ns, pod, "uuid", "minor_number"],
+    }
+    L = {k: ", ".join(v) for k, v in keys.items()}
+    by = {k: _by(v) for k, v in keys.items()}
+    device = 'allocate_mode=~"exclusive|None"'  # exactly one row per GPU: the device totals
+    helpers = {
+        "info": "namespace_workload_pod:nvidia_gpu_pod_info:dedup",
+        "duty": "node_namespace_pod_container:nvidia_gpu_duty_cycle:sum",
+        "mem": "node_namespace_pod_container:nvidia_gpu_memory_used_bytes:sum",
+        "req": "node_namespace_pod_container:nvidia_gpu_allocated_compute_percent:sum",
+        "mreq": "node_namespace_pod_container:nvidia_gpu_allocated_memory_bytes:sum",
+    }
+    # Reused sub-expressions. `max` de-duplicates a node scraped by two jobs; inner
+    # `max by (..., uuid)` counts each GPU once.
+    exprs = {
+        "cap_gpu": f"max {by['N']}(nvidia_gpu_num_devices) * 100",
+        "cap_mem": f"max {by['N']}(nvidia_gpu_node_memory_total_bytes)",
+        "alloc_gpu": f"max {by['N']}(nvidia_gpu_node_healthy_devices) * 100",
+        "alloc_mem": f"max {by['N']}(nvidia_gpu_node_healthy_memory_bytes)",
+        "node_used": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{device}}}))",
+        "node_mem": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{device}}}))",
+        "cluster_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_devices)) * 100",
+        "cluster_mem_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_memory_bytes))",
+        "cluster_used": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{device}}}))",
+        "cluster_mem": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{device}}}))",
+        "workload_used": _workload_sum(by["W"], L["PI"], helpers["duty"], helpers["info"]),
+        "workload_mem": _workload_sum(by["W"], L["PI"], helpers["mem"], helpers["info"]),
+    }
+    # As divisors: parenthesised and without zeros, so no ratio is ever +Inf or NaN.
+    divisors = {k: f"({v} > 0)" for k, v in exprs.items()}
+    levels = set(opts.levels)
+    return {
+        "opts": opts,
+        "cli_args": " ".join(opts.to_args()),
+        "levels": levels,
+        "L": L,
+        "by": by,
+        "on_cl": f"on ({L['CL']})",
+        "H": helpers,
+        "X": exprs,
+        "D": divisors,
+        "SEL": {"container": 'allocate_mode=~"exclusive|share"', "device": device},
+        # helper series are emitted only when a selected level reads them
+        "need_info": bool(levels & {"container", "pod", "workload"}),
+        "need_usage": bool(levels & {"container", "pod", "workload", "namespace"}),
+        "need_alloc": bool(levels & {"container", "pod"}),
+    }
+
+
+def _workload_sum(by_w: str, pod_key: str, series: str, info: str) -> str:
+    # Pods the exporter sent no owner for cannot be attributed to a workload: left out.
+    return (
+        f"sum {by_w}(\n  {series}\n  * on ({pod_key}) group_left (workload_kind, workload_name)\n"
+        f'    {info}{{workload_name!=""}}\n)'
+    )
+
+
+def _exprblock(text: str, indent: int = 6) -> str:
+    """Format a rule body as the lines of a YAML block scalar at ``indent`` columns."""
+    lines = [ln.rstrip() for ln in textwrap.dedent(text).splitlines() if ln.strip()]
+    return "\n".join(" " * indent + ln for ln in lines)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["exprblock"] = _exprblock
+    return env
+
+
+def render_rules(opts: RuleOptions) -> str:
+    """Return the plain Prometheus rule file (``groups:``) for ``opts``."""
+    opts.validate()
+    return _environment().get_template("rules.yaml.j2").render(**_context(opts))
+
+
+def render_prometheusrule(
+    opts: RuleOptions,
+    name: str = "kube-gpu-exporter",
+    namespace: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> str:
+    """Return the bundle wrapped in a ``monitoring.coreos.com/v1`` PrometheusRule object."""
+    opts.validate()
+    if not _K8S_NAME_RE.match(name):
+        raise RuleOptionsError(f"--name: {name!r} is not a valid Kubernetes object name")
+    if namespace is not None and not _K8S_NAME_RE.match(namespace):
+        raise RuleOptionsError(f"--namespace: {namespace!r} is not a valid Kubernetes namespace")
+    env = _environment()
+    groups = env.get_template("groups.yaml.j2").render(**_context(opts))
+    meta: dict[str, object] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    if labels:
+        meta["labels"] = dict(labels)
+    # yaml.safe_dump quotes label values as needed (e.g. "true", "1"), which hand-written
+    # template text would get wrong.
+    metadata = yaml.safe_dump({"metadata": meta}, default_flow_style=False, sort_keys=False)
+    args = ["--format=prometheusrule", *opts.to_args(), f"--name={name}"]
+    if namespace:
+        args.append(f"--namespace={namespace}")
+    args += [f"--label={k}={v}" for k, v in (labels or {}).items()]
+    return env.get_template("prometheusrule.yaml.j2").render(
+        metadata=metadata, groups=groups, cli_args=" ".join(args)
+    )
+
+
+def _parse_labels(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RuleOptionsError(f"--label: {item!r} must look like key=value")
+        out[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kube-gpu-exporter rules`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog="kube-gpu-exporter rules",
+        description="Render the GPU recording-rule bundle (container/pod/node/workload/namespace/cluster).",
+    )
+    d = RuleOptions()
+    p.add_argument("--pod-label", default=d.pod_label, help="pod label name (default %(default)s)")
+    p.add_argument(
+        "--namespace-label", default=d.namespace_label, help="namespace label (default %(default)s)"
+    )
+    p.add_argument(
+        "--container-label", default=d.container_label, help="container label (default %(default)s)"
+    )
+    p.add_argument("--node-label", default=d.node_label, help="node label (default %(default)s)")
+    p.add_argument(
+        "--cluster-label",
+        default=None,
+        help="label telling clusters apart (e.g. cluster); every aggregation keeps it. Default: none",
+    )
+    p.add_argument(
+        "--interval", default=d.interval, help="rule group evaluation interval (default %(default)s)"
+    )
+    p.add_argument(
+        "--levels",
+        default=",".join(LEVELS),
+        help="comma-separated levels to emit (default %(default)s)",
+    )
+    p.add_argument("--format", choices=("plain", "prometheusrule"), default="plain")
+    p.add_argument("--name", default="kube-gpu-exporter", help="PrometheusRule metadata.name")
+    p.add_argument("--namespace", default=None, help="PrometheusRule metadata.namespace")
+    p.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="PrometheusRule metadata label, repeatable (e.g. release=kube-prometheus-stack)",
+    )
+    p.add_argument("-o", "--output", default="-", help="output file (default stdout)")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> RuleOptions:
+    """Translate parsed CLI arguments into :class:`RuleOptions` (not yet validated)."""
+    levels = tuple(dict.fromkeys(lv.strip() for lv in args.levels.split(",") if lv.strip()))
+    return RuleOptions(
+        pod_label=args.pod_label,
+        namespace_label=args.namespace_label,
+        container_label=args.container_label,
+        node_label=args.node_label,
+        cluster_label=args.cluster_label or None,
+        interval=args.interval,
+        levels=levels,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; ``argv`` are the arguments after ``rules``. Returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        opts = options_from_args(args)
+        if args.format == "plain":
+            text = render_rules(opts)
+        else:
+            text = render_prometheusrule(opts, args.name, args.namespace, _parse_labels(args.label))
+    except RuleOptionsError as exc:
+        print(f"kube-gpu-exporter rules: error: {exc}", file=sys.stderr)
+        return 2
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
