@@ -1,0 +1,267 @@
+"""Client for the kubelet pod-resources API v1 ``List``, without generated code.
+
+The kubelet serves ``v1.PodResourcesLister`` over gRPC on a unix socket. We call it through
+grpcio's generic ``unary_unary`` and carry the few messages we need with a small hand-written
+protobuf wire-format codec, which keeps protoc and the generated-code/runtime version pairing
+out of the build. Field numbers follow ``k8s.io/kubelet/pkg/apis/podresources/v1/api.proto``::
+
+    ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
+    PodResources             { string name = 1; string namespace = 2;
+                               repeated ContainerResources containers = 3; }
+    ContainerResources       { string name = 1; repeated ContainerDevices devices = 2;
+                               repeated int64 cpu_ids = 3; repeated ContainerMemory memory = 4;
+                               repeated DynamicResource dynamic_resources = 5; }
+    ContainerDevices         { string resource_name = 1; repeated string device_ids = 2;
+                               TopologyInfo topology = 3; }
+
+Only the fields the model keeps are decoded; everything else (cpu_ids, memory, DRA, topology,
+fields added by later kubelets) is skipped by wire type, as protobuf requires.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Iterator
+
+import grpc
+
+from exporter.model import PodResources, PodResourcesContainer
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+LIST_METHOD = "/v1.PodResourcesLister/List"
+# A node with many pods and devices can exceed grpc's 4 MiB default.
+_MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+
+_VARINT, _FIXED64, _LEN, _SGROUP, _EGROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
+
+
+class PodResourcesError(Exception):
+    """Base class of the errors this module raises."""
+
+
+class PodResourcesUnavailable(PodResourcesError):
+    """The kubelet socket is missing or the List call failed (timeout, refused, error status)."""
+
+
+class PodResourcesDecodeError(PodResourcesError):
+    """The List response is not a valid ListPodResourcesResponse."""
+
+
+# --- wire format: decoding ----------------------------------------------------------------
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """Return (value, new position); a varint is at most 10 bytes (64 bits)."""
+    result = 0
+    for shift in range(0, 70, 7):
+        if pos >= len(buf):
+            raise PodResourcesDecodeError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result & 0xFFFF_FFFF_FFFF_FFFF, pos
+    raise PodResourcesDecodeError("varint longer than 10 bytes")
+
+
+def _read_tag(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """Return (field number, wire type, new position)."""
+    key, pos = _read_varint(buf, pos)
+    field, wire = key >> 3, key & 7
+    if field == 0 or field > 0x1FFF_FFFF:
+        raise PodResourcesDecodeError(f"invalid field number {field}")
+    return field, wire, pos
+
+
+def _skip_group(buf: bytes, pos: int, field: int) -> int:
+    """Skip a (deprecated) group body up to its matching end tag; iterative, so no recursion limit."""
+    open_groups = [field]
+    while open_groups:
+        inner, wire, pos = _read_tag(buf, pos)
+        if wire == _SGROUP:
+            open_groups.append(inner)
+        elif wire == _EGROUP:
+            if open_groups.pop() != inner:
+                raise PodResourcesDecodeError("mismatched end-group tag")
+        else:
+            pos = _skip_scalar(buf, pos, wire)
+    return pos
+
+
+def _skip_scalar(buf: bytes, pos: int, wire: int) -> int:
+    if wire == _VARINT:
+        return _read_varint(buf, pos)[1]
+    if wire in (_FIXED64, _FIXED32):
+        end = pos + (8 if wire == _FIXED64 else 4)
+    elif wire == _LEN:
+        length, pos = _read_varint(buf, pos)
+        end = pos + length
+    else:
+        raise PodResourcesDecodeError(f"invalid wire type {wire}")
+    if end > len(buf):
+        raise PodResourcesDecodeError("field runs past the end of its message")
+    return end
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, bytes]]:
+    """Yield (field number, payload) of every length-delimited field; skip all other fields.
+
+    Every field we decode is a string or a message, i.e. wire type 2. A known field number
+    arriving with another wire type is treated as unknown, as protobuf runtimes do.
+    """
+    pos = 0
+    while pos < len(buf):
+        field, wire, pos = _read_tag(buf, pos)
+        if wire == _LEN:
+            length, pos = _read_varint(buf, pos)
+            if pos + length > len(buf):
+                raise PodResourcesDecodeError("field runs past the end of its message")
+            yield field, buf[pos : pos + length]
+            pos += length
+        elif wire == _SGROUP:
+            pos = _skip_group(buf, pos, field)
+        elif wire == _EGROUP:
+            raise PodResourcesDecodeError("end-group tag without a start")
+        else:
+            pos = _skip_scalar(buf, pos, wire)
+
+
+def _string(payload: bytes) -> str:
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError as exc:  # proto3 strings must be valid UTF-8
+        raise PodResourcesDecodeError(f"invalid UTF-8 in string field: {exc}") from None
+
+
+def _decode_devices(buf: bytes) -> tuple[str, tuple[str, ...]]:
+    resource_name = ""
+    device_ids: list[str] = []
+    for field, payload in _fields(buf):
+        if field == 1:
+            resource_name = _string(payload)  # singular: last one wins
+        elif field == 2:
+            device_ids.append(_string(payload))
+    return resource_name, tuple(device_ids)
+
+
+def _decode_container(buf: bytes) -> PodResourcesContainer:
+    name = ""
+    devices: list[tuple[str, tuple[str, ...]]] = []
+    for field, payload in _fields(buf):
+        if field == 1:
+            name = _string(payload)
+        elif field == 2:
+            devices.append(_decode_devices(payload))
+    return PodResourcesContainer(name=name, devices=tuple(devices))
+
+
+def _decode_pod(buf: bytes) -> PodResources:
+    name = namespace = ""
+    containers: list[PodResourcesContainer] = []
+    for field, payload in _fields(buf):
+        if field == 1:
+            name = _string(payload)
+        elif field == 2:
+            namespace = _string(payload)
+        elif field == 3:
+            containers.append(_decode_container(payload))
+    return PodResources(name=name, namespace=namespace, containers=tuple(containers))
+
+
+def decode_list_response(data: bytes) -> tuple[PodResources, ...]:
+    """Decode a serialized ListPodResourcesResponse; raises only PodResourcesDecodeError."""
+    return tuple(_decode_pod(payload) for field, payload in _fields(bytes(data)) if field == 1)
+
+
+# --- wire format: encoding (for tests and simulated kubelets) -------------------------------
+
+
+def _varint(value: int) -> bytes:
+    value &= 0xFFFF_FFFF_FFFF_FFFF  # negative int64 is sent as its 64-bit two's complement
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | _LEN) + _varint(len(payload)) + payload
+
+
+def _str_field(field: int, value: str) -> bytes:
+    # proto3 omits a singular string equal to its default
+    return _len_field(field, value.encode("utf-8")) if value else b""
+
+
+def encode_list_response(pods: Iterable[PodResources]) -> bytes:
+    """Serialize pods as a ListPodResourcesResponse (the fields the model carries)."""
+    out = bytearray()
+    for pod in pods:
+        body = _str_field(1, pod.name) + _str_field(2, pod.namespace)
+        for container in pod.containers:
+            cbody = _str_field(1, container.name)
+            for resource_name, device_ids in container.devices:
+                dbody = _str_field(1, resource_name) + b"".join(
+                    _len_field(2, d.encode("utf-8")) for d in device_ids  # repeated: keep empties
+                )
+                cbody += _len_field(2, dbody)
+            body += _len_field(3, cbody)
+        out += _len_field(1, body)
+    return bytes(out)
+
+
+# --- gRPC client -----------------------------------------------------------------------------
+
+
+def _serialize_empty_request(_request: object) -> bytes:
+    return b""  # ListPodResourcesRequest has no fields
+
+
+def _raw_response(data: bytes) -> bytes:
+    # Decoding happens after the call: an exception raised inside a grpc deserializer would
+    # come back wrapped as an RpcError(INTERNAL) and be reported as "unavailable".
+    return data
+
+
+def list_pod_resources(socket_path: str, timeout: float = 2.0) -> tuple[PodResources, ...]:
+    """Call ``List`` on the kubelet pod-resources socket.
+
+    Raises PodResourcesUnavailable when the socket is missing or the call fails or times out,
+    PodResourcesDecodeError when the answer cannot be decoded.
+    """
+    try:
+        mode = os.stat(socket_path).st_mode
+    except OSError as exc:
+        raise PodResourcesUnavailable(
+            f"pod-resources socket {socket_path} is not accessible ({exc.strerror}); "
+            "is /var/lib/kubelet/pod-resources mounted into the exporter?"
+        ) from None
+    if not stat.S_ISSOCK(mode):
+        raise PodResourcesUnavailable(f"pod-resources path {socket_path} is not a unix socket")
+    options = [("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES)]
+    try:
+        with grpc.insecure_channel(f"unix:{socket_path}", options=options) as channel:
+            call = channel.unary_unary(
+                LIST_METHOD,
+                request_serializer=_serialize_empty_request,
+                response_deserializer=_raw_response,
+            )
+            data = call(None, timeout=timeout)
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise PodResourcesUnavailable(
+                f"pod-resources List on {socket_path} timed out after {timeout:g}s"
+            ) from None
+        name = code.name if code is not None else "UNKNOWN"
+        raise PodResourcesUnavailable(
+            f"pod-resources List on {socket_path} failed: {name}: {details}"
+        ) from None
+    return decode_list_response(data)
