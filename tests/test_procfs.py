@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,17 @@ def test_real_proc_self() -> None:
     pid = os.getpid()
     assert pid in reader.resolve([pid])
     assert reader.comm(pid)
+
+
+@given(stat=st.binary(max_size=200), cgroup=st.binary(max_size=200))
+def test_resolve_never_raises_on_garbage_files(stat: bytes, cgroup: bytes) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        d = Path(root) / "7"
+        d.mkdir()
+        (d / "stat").write_bytes(stat)
+        (d / "cgroup").write_bytes(cgroup)
+        reader = ProcReader(Path(root))
+        got = reader.resolve([7, 8])
+        assert 8 not in got
+        assert set(reader.skips()) == set(SKIP_REASONS)
+        assert all(v >= 0 for v in reader.skips().values())
