@@ -219,6 +219,8 @@ def attribute(
                 if mode == EXCLUSIVE:
                     sm = None if d.utilization_gpu is None else float(d.utilization_gpu)
                     mem = d.memory_used_bytes
+                elif not d.processes_ok:
+                    sm = mem = None  # unknown is not idle: omit rather than report 0
                 users.append(ContainerUsage(pod, key[1], sm, mem, held.get(key)))
                 pods_used[pod.uid] = pod
             users.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.container))

@@ -261,6 +261,8 @@ def _hami(pod: PodInfo, c: ContainerInfo, entries: list[list[tuple[str, int, int
           devices: Sequence[DeviceSample], skip) -> list[Allocation]:
     totals = {d.uuid: d.memory_total_bytes for d in devices}
     mine = entries[c.index] if c.index < len(entries) else []
+    if not mine and entries:
+        return []  # the scheduler allocated this pod and gave this container nothing
     if not mine:
         count = int(_amount(c, NVIDIA_GPU) or 0)
         if not count:

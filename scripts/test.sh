@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs (apt packages included) and run the whole suite.
+# Usage: scripts/test.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+need=()
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing apt packages: ${need[*]}"
+  # Keep Debian's init scripts from starting Prometheus/Alertmanager on their default ports.
+  created_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    created_policy=1
+  fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  [ -z "$created_policy" ] || $SUDO rm -f /usr/sbin/policy-rc.d
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

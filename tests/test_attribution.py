@@ -1,0 +1,304 @@
+"""The attribution rules (exporter/attribution.py) with every sharing scheme."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from exporter.attribution import (
+    EXCLUSIVE,
+    NONE,
+    SHARE,
+    NodeAttribution,
+    attribute,
+    combine_util_samples,
+)
+from exporter.model import (
+    CgroupRef,
+    ContainerInfo,
+    DeviceSample,
+    NodeSample,
+    PodInfo,
+    PodResources,
+    PodResourcesContainer,
+    ProcessUsage,
+    UtilSample,
+)
+from exporter.sharing import GIB, MIB, compute_allocations, parse_quantity
+
+TOTAL = 16 * GIB
+
+
+def cid(n: int) -> str:
+    return f"{n:064x}"
+
+
+def uid(n: int) -> str:
+    return f"00000000-0000-4000-8000-{n:012x}"
+
+
+def pod(n: int, limits: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+        phase: str = "Running", containers: int = 1, namespace: str = "default") -> PodInfo:
+    return PodInfo(
+        uid=uid(n), name=f"pod-{n}", namespace=namespace, node_name="node-1", phase=phase,
+        containers=tuple(ContainerInfo(f"c{i}", i, cid(n * 10 + i), MappingProxyType(limits or {}))
+                         for i in range(containers)),
+        annotations=MappingProxyType(annotations or {}))
+
+
+@dataclass
+class Pods:
+    pods: dict[str, PodInfo] = field(default_factory=dict)
+    by_container_id: dict[str, tuple[PodInfo, ContainerInfo]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, *ps: PodInfo) -> Pods:
+        v = cls()
+        for p in ps:
+            v.pods[p.uid] = p
+            for c in p.containers:
+                v.by_container_id[c.container_id] = (p, c)
+        return v
+
+
+def gpu(i: int, procs: tuple[tuple[int, int | None, int], ...] = (), util: int = 50, **kw) -> DeviceSample:
+    """procs: (pid, used memory, sm util)."""
+    return DeviceSample(
+        index=i, uuid=f"GPU-{i}", name="Tesla T4", minor_number=i, memory_total_bytes=TOTAL,
+        memory_used_bytes=sum(m or 0 for _, m, _ in procs) + 100 * MIB, utilization_gpu=util,
+        power_usage_milliwatts=70000, temperature_celsius=40,
+        processes=tuple(ProcessUsage(p, m) for p, m, _ in procs),
+        util_samples=tuple(UtilSample(p, 1000, s) for p, _, s in procs if s), **kw)
+
+
+def in_pod(n: int, container: int = 0) -> CgroupRef:
+    return CgroupRef(uid(n), cid(n * 10 + container), "containerd")
+
+
+def run(devices, pids, pods: Pods, node_labels=None, pod_resources=None) -> NodeAttribution:
+    allocs = compute_allocations(pods.pods.values(), devices, node_labels or {}, pod_resources)
+    return attribute(NodeSample(1.0, tuple(devices)), pids, pods, allocs.allocations)
+
+
+def test_exclusive_whole_gpu_takes_device_values():
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    a = run([gpu(0, ((100, 3 * GIB, 30),), util=37)], {100: in_pod(1)}, Pods.of(p))
+    d = a.devices[0]
+    assert d.mode == EXCLUSIVE
+    assert [(u.pod.name, u.container, u.sm_util, u.memory_used_bytes) for u in d.users] == [
+        ("pod-1", "c0", 37.0, 3 * GIB + 100 * MIB)]
+    assert d.unaccounted == ()
+    assert [(x.uuid, x.compute_percent, x.memory_bytes, x.allocate_mode) for x in a.allocations] == [
+        ("GPU-0", 100.0, TOTAL, EXCLUSIVE)]
+
+
+def test_two_gpu_container_gets_one_exclusive_row_per_gpu_placed_by_processes():
+    p = pod(1, {"nvidia.com/gpu": "2"})
+    devs = [gpu(0, ((100, GIB, 80),), util=81), gpu(1, ((101, GIB, 60),), util=62), gpu(2, util=0)]
+    a = run(devs, {100: in_pod(1), 101: in_pod(1)}, Pods.of(p))
+    assert [d.mode for d in a.devices] == [EXCLUSIVE, EXCLUSIVE, NONE]
+    assert [d.users[0].sm_util for d in a.devices[:2]] == [81.0, 62.0]
+    assert sorted(x.uuid for x in a.allocations) == ["GPU-0", "GPU-1"]
+
+
+def test_idle_holder_known_from_pod_resources_is_exclusive():
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ("GPU-1",)),)),))]
+    a = run([gpu(0, util=0), gpu(1, util=0)], {}, Pods.of(p), pod_resources=pr)
+    assert [d.mode for d in a.devices] == [NONE, EXCLUSIVE]
+
+
+def test_idle_holder_without_pod_resources_has_allocation_with_unknown_gpu():
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    a = run([gpu(0, util=0)], {}, Pods.of(p))
+    assert a.devices[0].mode == NONE
+    assert [(x.uuid, x.compute_percent, x.memory_bytes) for x in a.allocations] == [("", 100.0, None)]
+
+
+def test_gpushare_two_containers_share_with_own_usage_and_grant():
+    ann = {"ALIYUN_COM_GPU_MEM_IDX": "0"}
+    p1, p2 = pod(1, {"aliyun.com/gpu-mem": "4"}, ann), pod(2, {"aliyun.com/gpu-mem": "6"}, ann)
+    a = run([gpu(0, ((100, 3 * GIB, 10), (200, 6 * GIB, 90)), util=95)],
+            {100: in_pod(1), 200: in_pod(2)}, Pods.of(p1, p2))
+    d = a.devices[0]
+    assert d.mode == SHARE
+    assert [(u.pod.name, u.sm_util, u.memory_used_bytes, u.allocation.memory_bytes) for u in d.users] == [
+        ("pod-1", 10.0, 3 * GIB, 4 * GIB), ("pod-2", 90.0, 6 * GIB, 6 * GIB)]
+
+
+def test_single_gpushare_container_is_still_share():
+    p = pod(1, {"aliyun.com/gpu-mem": "4", "aliyun.com/gpu-core.percentage": "30"},
+            {"ALIYUN_COM_GPU_MEM_IDX": "0"})
+    a = run([gpu(0, ((100, GIB, 25),))], {100: in_pod(1)}, Pods.of(p))
+    assert a.devices[0].mode == SHARE
+    assert [(x.compute_percent, x.memory_bytes) for x in a.allocations] == [(30.0, 4 * GIB)]
+
+
+def test_gpushare_allocation_annotation_json_places_per_container():
+    ann = {"scheduler.framework.gpushare.allocation": '{"0":{"1":3}}'}
+    p = pod(1, {"aliyun.com/gpu-mem": "3"}, ann)
+    a = run([gpu(0), gpu(1)], {}, Pods.of(p))
+    assert [(x.uuid, x.memory_bytes) for x in a.allocations] == [("GPU-1", 3 * GIB)]
+    assert [d.mode for d in a.devices] == [NONE, SHARE]
+
+
+def test_vcuda_fractional_is_share_and_whole_is_exclusive():
+    frac = pod(1, {"tencent.com/vcuda-core": "40", "tencent.com/vcuda-memory": "8"},
+               {"tencent.com/predicate-gpu-idx-0": "0"})
+    whole = pod(2, {"tencent.com/vcuda-core": "100"}, {"tencent.com/predicate-gpu-idx-0": "1"})
+    a = run([gpu(0), gpu(1)], {}, Pods.of(frac, whole))
+    assert [d.mode for d in a.devices] == [SHARE, EXCLUSIVE]
+    assert [(x.pod.name, x.compute_percent, x.memory_bytes) for x in a.allocations] == [
+        ("pod-1", 40.0, 8 * 256 * MIB), ("pod-2", 100.0, TOTAL)]
+
+
+def test_hami_virtual_gpus_from_annotation():
+    p1 = pod(1, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"},
+             {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,3000,30:;"})
+    p2 = pod(2, {"nvidia.com/gpu": "1"}, {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,5000,0:;"})
+    a = run([gpu(0, ((100, GIB, 20),))], {100: in_pod(1)}, Pods.of(p1, p2))
+    assert a.devices[0].mode == SHARE
+    assert [(u.pod.name, u.sm_util) for u in a.devices[0].users] == [("pod-1", 20.0), ("pod-2", 0.0)]
+    assert [(x.compute_percent, x.memory_bytes) for x in a.allocations] == [
+        (30.0, 3000 * MIB), (None, 5000 * MIB)]
+
+
+def test_hami_second_container_segment():
+    ann = {"hami.io/vgpu-devices-allocated": ";GPU-0,NVIDIA,1000,10:;"}
+    p = pod(1, {"nvidia.com/gpu": "1"}, ann, containers=2)
+    a = run([gpu(0)], {}, Pods.of(p))
+    assert [(x.container, x.compute_percent) for x in a.allocations] == [("c1", 10.0)]
+
+
+@pytest.mark.parametrize("labels,ids,scheme,compute", [
+    ({"nvidia.com/gpu.sharing-strategy": "time-slicing"}, ("GPU-0::0",), "nvidia-time-slicing", None),
+    ({}, ("GPU-0::3",), "nvidia-time-slicing", None),
+    ({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "4"}, ("GPU-0::1",),
+     "nvidia-mps", 25.0),
+])
+def test_nvidia_time_slicing_and_mps_are_share(labels, ids, scheme, compute):
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ids),)),))]
+    a = run([gpu(0, ((100, GIB, 40),))], {100: in_pod(1)}, Pods.of(p), labels, pr)
+    assert a.devices[0].mode == SHARE
+    assert [(x.scheme, x.compute_percent, x.uuid) for x in a.allocations] == [(scheme, compute, "GPU-0")]
+    assert a.devices[0].users[0].sm_util == 40.0
+
+
+def test_processes_of_two_unallocated_containers_make_share():
+    p1, p2 = pod(1), pod(2)
+    a = run([gpu(0, ((100, GIB, 10), (200, GIB, 20)))], {100: in_pod(1), 200: in_pod(2)}, Pods.of(p1, p2))
+    d = a.devices[0]
+    assert d.mode == SHARE
+    assert [u.pod.name for u in d.users] == ["pod-1", "pod-2"]
+    assert all(u.allocation is None for u in d.users)
+    assert {x.pid for x in d.unaccounted} == {100, 200}
+
+
+def test_intruder_on_exclusive_gpu_turns_it_shared_and_is_unaccounted():
+    holder, intruder = pod(1, {"nvidia.com/gpu": "1"}), pod(2)
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ("GPU-0",)),)),))]
+    a = run([gpu(0, ((100, GIB, 10), (200, 2 * GIB, 20)))], {100: in_pod(1), 200: in_pod(2)},
+            Pods.of(holder, intruder), pod_resources=pr)
+    d = a.devices[0]
+    assert d.mode == SHARE
+    assert [(x.pid, x.pod.name) for x in d.unaccounted] == [(200, "pod-2")]
+
+
+def test_host_process_is_unaccounted_and_does_not_change_mode():
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    a = run([gpu(0, ((100, GIB, 10), (300, GIB, 5)))], {100: in_pod(1), 300: None}, Pods.of(p))
+    d = a.devices[0]
+    assert d.mode == EXCLUSIVE
+    assert [(x.pid, x.pod) for x in d.unaccounted] == [(300, None)]
+
+
+def test_lone_process_of_unallocated_container_is_none_mode_and_unaccounted():
+    a = run([gpu(0, ((100, GIB, 10),))], {100: in_pod(1)}, Pods.of(pod(1)))
+    assert a.devices[0].mode == NONE
+    assert [x.pid for x in a.devices[0].unaccounted] == [100]
+
+
+def test_exited_process_is_skipped_and_counted():
+    p = pod(1, {"aliyun.com/gpu-mem": "2"}, {"ALIYUN_COM_GPU_MEM_IDX": "0"})
+    a = run([gpu(0, ((100, GIB, 10), (101, GIB, 10)))], {100: in_pod(1)}, Pods.of(p))
+    assert a.skips["process_exited"] == 1
+    assert a.devices[0].users[0].memory_used_bytes == GIB
+
+
+def test_unknown_memory_is_omitted_not_zero():
+    p = pod(1, {"aliyun.com/gpu-mem": "2"}, {"ALIYUN_COM_GPU_MEM_IDX": "0"})
+    a = run([gpu(0, ((100, None, 10),))], {100: in_pod(1)}, Pods.of(p))
+    assert a.devices[0].users[0].memory_used_bytes is None
+    assert a.devices[0].users[0].sm_util == 10.0
+
+
+def test_unreadable_process_list_is_not_idle():
+    p = pod(1, {"aliyun.com/gpu-mem": "2"}, {"ALIYUN_COM_GPU_MEM_IDX": "0"})
+    a = run([gpu(0, processes_ok=False)], {}, Pods.of(p))
+    u = a.devices[0].users[0]
+    assert (u.sm_util, u.memory_used_bytes) == (None, None)
+
+
+def test_utilization_not_supported_gives_no_sm_value():
+    p = pod(1, {"aliyun.com/gpu-mem": "2"}, {"ALIYUN_COM_GPU_MEM_IDX": "0"})
+    a = run([gpu(0, ((100, GIB, 10),), util_samples_ok=False)], {100: in_pod(1)}, Pods.of(p))
+    assert a.devices[0].users[0].sm_util is None
+
+
+def test_container_usage_is_capped_at_100():
+    p = pod(1, {"aliyun.com/gpu-mem": "2"}, {"ALIYUN_COM_GPU_MEM_IDX": "0"})
+    a = run([gpu(0, ((100, GIB, 70), (101, GIB, 60)))], {100: in_pod(1), 101: in_pod(1)}, Pods.of(p))
+    assert a.devices[0].users[0].sm_util == 100.0
+
+
+def test_finished_pods_release_their_allocation():
+    p = pod(1, {"nvidia.com/gpu": "1"}, phase="Succeeded")
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ("GPU-0",)),)),))]
+    a = run([gpu(0)], {}, Pods.of(p), pod_resources=pr)
+    assert a.devices[0].mode == NONE and a.allocations == ()
+
+
+def test_process_in_pod_missing_from_cache_is_counted():
+    a = run([gpu(0, ((100, GIB, 10),))], {100: in_pod(7)}, Pods.of())
+    assert a.skips["process_pod_not_in_cache"] == 1
+    assert a.devices[0].unaccounted[0].pod is None
+
+
+def test_mean_of_samples_per_pid():
+    got = combine_util_samples([UtilSample(1, 10, 20), UtilSample(1, 20, 40), UtilSample(2, 10, 5)])
+    assert got == {1: 30.0, 2: 5.0}
+
+
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 100)), max_size=40))
+def test_combined_utilization_stays_a_percentage(samples):
+    got = combine_util_samples([UtilSample(p, i, u) for i, (p, u) in enumerate(samples)])
+    assert set(got) == {p for p, _ in samples}
+    assert all(0 <= v <= 100 for v in got.values())
+
+
+@pytest.mark.parametrize("text,value", [("2", 2.0), ("500m", 0.5), ("4Gi", 4 * GIB), ("1k", 1000.0),
+                                        ("abc", None), ("-1", None), ("", None), ("1.5", 1.5)])
+def test_parse_quantity(text, value):
+    assert parse_quantity(text) == value
+
+
+@given(st.one_of(st.text(), st.integers(), st.floats(), st.none(), st.booleans()))
+def test_parse_quantity_never_raises(value):
+    got = parse_quantity(value)
+    assert got is None or got >= 0
+
+
+@given(st.text(), st.dictionaries(st.sampled_from([
+    "aliyun.com/gpu-mem", "tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu",
+    "nvidia.com/gpucores", "nvidia.com/gpumem", "aliyun.com/gpu-core.percentage"]), st.text(max_size=8)),
+    st.sampled_from(["hami.io/vgpu-devices-allocated", "ALIYUN_COM_GPU_MEM_IDX",
+                     "scheduler.framework.gpushare.allocation", "tencent.com/predicate-gpu-idx-0"]))
+def test_garbage_annotations_and_quantities_never_raise(value, limits, key):
+    p = pod(1, limits, {key: value})
+    a = run([gpu(0), gpu(1)], {}, Pods.of(p))
+    assert all(x.memory_bytes is None or x.memory_bytes >= 0 for x in a.allocations)
