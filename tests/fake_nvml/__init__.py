@@ -1,0 +1,307 @@
+"""Build and drive the fake libnvidia-ml.so.1 (fake_nvml.c) from scenario files.
+
+The library reads a line-based config named by ``$FAKE_NVML_CONFIG`` at ``nvmlInitWithFlags``;
+:func:`write_config` writes it from a scenario mapping (the YAML that also drives
+``exporter/simulate.py``). docs/testing.md, section "Fake NVML", documents the keys.
+
+Two ways to put the fake under pynvml:
+
+* a subprocess: :func:`subprocess_env` sets ``LD_LIBRARY_PATH`` and ``FAKE_NVML_CONFIG``, and
+  pynvml's ``CDLL("libnvidia-ml.so.1")`` finds the fake by its soname;
+* in this process: :func:`fake_nvml_loaded` assigns ``pynvml.nvmlLib`` and restores pynvml's
+  module state afterwards; the returned :class:`FakeNvml` reaches the test hooks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).with_name("fake_nvml.c")
+LIBRARY_NAME = "libnvidia-ml.so.1"
+CONFIG_ENV = "FAKE_NVML_CONFIG"
+TICK_US = 1_000_000  # util sample timeStamp of tick t is t * TICK_US, as in exporter/simulate.py
+UTIL_BUFFER_TICKS = 8  # ticks of util samples the fake keeps, like the driver's bounded buffer
+
+# not_supported names, shared with exporter/simulate.py
+NOT_SUPPORTED_NAMES = frozenset({
+    "power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
+    "clocks_event_reasons", "process_utilization", "memory",
+})
+# scenario device key -> config key for the plain integer values
+_DEVICE_INTS = (
+    "memory_total_bytes", "utilization_gpu", "utilization_memory", "power_usage_milliwatts",
+    "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "encoder_utilization",
+    "decoder_utilization", "ecc_corrected", "ecc_uncorrected", "clocks_event_reasons",
+)
+_DEVICE_KEYS = frozenset(_DEVICE_INTS) | {
+    "uuid", "name", "minor_number", "pci_bus_id", "memory_used_bytes", "processes", "not_supported",
+    "lost_after_ticks", "process_growth", "xid_events",
+}
+_PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
+_NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock"})
+_TOP_KEYS = frozenset({"node", "node_labels", "devices", "pods", "pod_resources", "nvml", "description"})
+
+
+class FakeNvmlError(RuntimeError):
+    """The fake library cannot be built, or a scenario cannot be converted."""
+
+
+# ---- build ----------------------------------------------------------------------------------
+
+def _compiler() -> str:
+    for candidate in (os.environ.get("CC"), "cc", "gcc"):
+        if candidate and (path := shutil.which(candidate)):
+            return path
+    raise FakeNvmlError("no C compiler found to build the fake NVML library: "
+                        "install gcc (apt-get install gcc)")
+
+
+def _flags(old_driver: bool) -> list[str]:
+    flags = ["-shared", "-fPIC", "-fvisibility=hidden", "-pthread", "-O2", "-std=c11", "-Wall", "-Wextra",
+             f"-Wl,-soname,{LIBRARY_NAME}"]
+    return [*flags, "-DOLD_DRIVER"] if old_driver else flags
+
+
+def _cache_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"kube-gpu-exporter-fake-nvml-{os.getuid()}"
+
+
+def build_fake_nvml(dest_dir: Path, *, old_driver: bool = False) -> Path:
+    """Build the fake into ``dest_dir/libnvidia-ml.so.1`` and return that path.
+
+    Builds are cached by a hash of the source, flags and compiler, in a per-user temp
+    directory, so a test session compiles each variant once. ``old_driver`` builds the
+    variant without the symbols drivers before 510 lack (``*_v3`` process lists,
+    ``nvmlDeviceGetCurrentClocksEventReasons``). Put the two variants in different
+    directories: both must be named ``libnvidia-ml.so.1``.
+    """
+    cc = _compiler()
+    flags = _flags(old_driver)
+    digest = hashlib.sha256(SOURCE.read_bytes() + "\0".join([cc, *flags]).encode()).hexdigest()[:16]
+    cached = _cache_root() / digest / LIBRARY_NAME
+    if not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        # compile to a private name and rename: concurrent sessions may build the same digest
+        tmp = cached.with_name(f".{LIBRARY_NAME}.{os.getpid()}.tmp")
+        proc = subprocess.run([cc, *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise FakeNvmlError(f"building the fake NVML library failed:\n{proc.stderr}")
+        os.replace(tmp, cached)
+    dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / LIBRARY_NAME
+    stamp = dest_dir / f"{LIBRARY_NAME}.digest"
+    if not (dest.exists() and stamp.exists() and stamp.read_text() == digest):
+        tmp = dest_dir / f".{LIBRARY_NAME}.{os.getpid()}.tmp"
+        shutil.copyfile(cached, tmp)
+        # rename, never rewrite in place: a process may have the old file mapped
+        os.replace(tmp, dest)
+        stamp.write_text(digest)
+    return dest
+
+
+# ---- scenario -> config ---------------------------------------------------------------------
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FakeNvmlError(f"{where}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str) or "\n" in value or not value.strip():
+        raise FakeNvmlError(f"{where}: expected a one-line string, got {value!r}")
+    return value
+
+
+def _check_keys(obj: object, allowed: frozenset[str], where: str) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise FakeNvmlError(f"{where}: expected a mapping, got {type(obj).__name__}")
+    extra = sorted(set(obj) - allowed)
+    if extra:
+        raise FakeNvmlError(f"{where}: unknown key(s) {', '.join(map(str, extra))}")
+    return obj
+
+
+def _seq(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise FakeNvmlError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _device_lines(raw: object, index: int) -> list[str]:
+    where = f"devices[{index}]"
+    d = _check_keys(raw, _DEVICE_KEYS, where)
+    for key in ("uuid", "name"):
+        if key not in d:
+            raise FakeNvmlError(f"{where}: '{key}' is required")
+    lines = [
+        "device",
+        f"uuid {_text(d['uuid'], f'{where}.uuid')}",
+        f"name {_text(d['name'], f'{where}.name')}",
+        # the same defaults as exporter/simulate.py
+        f"minor_number {_int(d.get('minor_number', index), f'{where}.minor_number')}",
+        f"pci_bus_id {_text(d.get('pci_bus_id', f'00000000:{index + 1:02X}:00.0'), f'{where}.pci_bus_id')}",
+    ]
+    for key in _DEVICE_INTS:
+        if d.get(key) is not None:
+            lines.append(f"{key} {_int(d[key], f'{where}.{key}')}")
+    if "memory_used_bytes" in d:  # null: NVML_VALUE_NOT_AVAILABLE (absent reads the same)
+        used = d["memory_used_bytes"]
+        used_text = "NA" if used is None else str(_int(used, f"{where}.memory_used_bytes"))
+        lines.append(f"memory_used_bytes {used_text}")
+    for name in _seq(d.get("not_supported"), f"{where}.not_supported"):
+        if name not in NOT_SUPPORTED_NAMES:
+            raise FakeNvmlError(f"{where}.not_supported: unknown field {name!r}; "
+                                f"allowed: {', '.join(sorted(NOT_SUPPORTED_NAMES))}")
+        lines.append(f"not_supported {name}")
+    for key in ("lost_after_ticks", "process_growth"):
+        if d.get(key) is not None:
+            lines.append(f"{key} {_int(d[key], f'{where}.{key}')}")
+    for i, x in enumerate(_seq(d.get("xid_events"), f"{where}.xid_events")):
+        xw = f"{where}.xid_events[{i}]"
+        x = _check_keys(x, frozenset({"tick", "xid"}), xw)
+        lines.append(f"xid {_int(x.get('tick'), f'{xw}.tick')} {_int(x.get('xid'), f'{xw}.xid')}")
+    for i, p in enumerate(_seq(d.get("processes"), f"{where}.processes")):
+        pw = f"{where}.processes[{i}]"
+        p = _check_keys(p, _PROCESS_KEYS, pw)
+        kind = p.get("type", "compute")
+        if kind not in ("compute", "graphics", "mps"):
+            raise FakeNvmlError(f"{pw}.type: must be compute, graphics or mps, got {kind!r}")
+        mem = p.get("used_memory_bytes")
+        mem_text = "NA" if mem is None else str(_int(mem, f"{pw}.used_memory_bytes"))
+        lines.append(f"process {_int(p.get('pid'), f'{pw}.pid')} {mem_text} "
+                     f"{_int(p.get('sm_util', 0), f'{pw}.sm_util')} {kind}")
+    return lines
+
+
+def config_text(scenario: Mapping[str, Any]) -> str:
+    """The fake's config for a scenario mapping (raises FakeNvmlError naming a bad key)."""
+    top = _check_keys(scenario, _TOP_KEYS, "scenario")
+    nvml = _check_keys(top.get("nvml") or {}, _NVML_KEYS, "nvml")
+    lines = ["# generated by tests/fake_nvml from a scenario; see docs/testing.md", "fake_nvml_config 1"]
+    if "driver_version" in nvml:
+        lines.append(f"driver_version {_text(nvml['driver_version'], 'nvml.driver_version')}")
+    lines.append(f"init_failures {_int(nvml.get('init_failures', 0), 'nvml.init_failures')}")
+    lines.append(f"old_driver {1 if nvml.get('old_driver') else 0}")
+    clock = nvml.get("clock", "auto")
+    if clock not in ("auto", "manual"):
+        raise FakeNvmlError(f"nvml.clock: must be auto or manual, got {clock!r}")
+    lines.append(f"clock {clock}")
+    for i, d in enumerate(_seq(top.get("devices"), "devices")):
+        lines.extend(_device_lines(d, i))
+    return "\n".join(lines) + "\n"
+
+
+def write_config(scenario: Mapping[str, Any], path: Path) -> Path:
+    """Write the fake's config for ``scenario`` to ``path`` and return ``path``."""
+    path = Path(path)
+    path.write_text(config_text(scenario))
+    return path
+
+
+def load_scenario_file(path: Path) -> Mapping[str, Any]:
+    """Load a scenario YAML file into a mapping."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, Mapping):
+        raise FakeNvmlError(f"{path}: a scenario is a mapping")
+    return data
+
+
+def wants_old_driver(scenario: Mapping[str, Any]) -> bool:
+    """Whether the scenario asks for the library variant without the ``_v3`` symbols."""
+    return bool((scenario.get("nvml") or {}).get("old_driver"))
+
+
+# ---- using it -------------------------------------------------------------------------------
+
+def subprocess_env(lib_dir: Path, config: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process whose pynvml should load the fake from ``lib_dir``."""
+    env = dict(os.environ if base is None else base)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib_dir), env.get("LD_LIBRARY_PATH")]))
+    env[CONFIG_ENV] = str(config)
+    return env
+
+
+class FakeNvml:
+    """The fake's test hooks (symbols outside the NVML API) on a loaded library."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib
+        lib.fakeNvmlGetTick.restype = ctypes.c_ulonglong
+        lib.fakeNvmlLastSeenTimeStamp.restype = ctypes.c_ulonglong
+        lib.fakeNvmlCallCount.restype = ctypes.c_ulong
+        lib.fakeNvmlCallCount.argtypes = [ctypes.c_char_p]
+        lib.fakeNvmlDeviceCallCount.restype = ctypes.c_ulong
+
+    def advance(self, ticks: int = 1) -> None:
+        """Advance every device's tick (the only clock under ``nvml: {clock: manual}``)."""
+        self.lib.fakeNvmlAdvanceTicks(ctypes.c_uint(ticks))
+
+    def tick(self, index: int) -> int:
+        """The device's current tick."""
+        return int(self.lib.fakeNvmlGetTick(ctypes.c_uint(index)))
+
+    def last_seen(self, index: int) -> int:
+        """lastSeenTimeStamp of the latest nvmlDeviceGetProcessUtilization call on the device."""
+        return int(self.lib.fakeNvmlLastSeenTimeStamp(ctypes.c_uint(index)))
+
+    def calls(self, function: str) -> int:
+        """Calls of an NVML function since the last reset, failed calls included."""
+        return int(self.lib.fakeNvmlCallCount(function.encode()))
+
+    def device_calls(self, index: int) -> int:
+        """Calls that reached the device (by handle, or by index in GetHandleByIndex)."""
+        return int(self.lib.fakeNvmlDeviceCallCount(ctypes.c_uint(index)))
+
+    def reset(self) -> None:
+        """Uninitialise the fake and clear its counters and init-failure count."""
+        self.lib.fakeNvmlReset()
+
+
+@contextmanager
+def fake_nvml_loaded(lib_path: Path, config: Path) -> Iterator[FakeNvml]:
+    """Make pynvml in this process use the fake at ``lib_path`` with ``config``.
+
+    pynvml keeps the loaded library, a function-pointer cache and an init refcount in module
+    globals; they are replaced here and restored on exit, and the fake is reset on both ends,
+    so tests can switch variants and scenarios freely.
+    """
+    import pynvml
+
+    lib = ctypes.CDLL(str(lib_path))
+    fake = FakeNvml(lib)
+    saved = (pynvml.nvmlLib, dict(pynvml._nvmlGetFunctionPointer_cache), pynvml._nvmlLib_refcount,
+             os.environ.get(CONFIG_ENV))
+    os.environ[CONFIG_ENV] = str(config)
+    pynvml.nvmlLib = lib
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    pynvml._nvmlLib_refcount = 0
+    fake.reset()
+    try:
+        yield fake
+    finally:
+        fake.reset()
+        pynvml.nvmlLib = saved[0]
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlGetFunctionPointer_cache.update(saved[1])
+        pynvml._nvmlLib_refcount = saved[2]
+        if saved[3] is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = saved[3]

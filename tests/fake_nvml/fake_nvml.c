@@ -1,0 +1,1078 @@
+/*
+ * A fake libnvidia-ml.so.1 for tests: real pynvml loads it through ctypes exactly as it
+ * loads the driver's library, so the exporter's NVML backend runs its production path.
+ *
+ * State comes from a line-based config file named by $FAKE_NVML_CONFIG, read when
+ * nvmlInitWithFlags moves the reference count from 0 to 1 (so a process can shut down and
+ * re-init with new state). tests/fake_nvml/__init__.py writes that file from a scenario
+ * YAML; docs/testing.md ("Fake NVML") documents the keys and the tick clock.
+ *
+ * Semantics follow nvml.h: reference-counted init, NVML_ERROR_UNINITIALIZED before init,
+ * the two-call size probe of the running-process lists and of process utilization,
+ * NVML_ERROR_NOT_FOUND when no utilization sample is newer than lastSeenTimeStamp, and
+ * NVML_VALUE_NOT_AVAILABLE for memory the driver cannot report.
+ *
+ * Build: gcc -shared -fPIC -fvisibility=hidden -pthread -Wl,-soname,libnvidia-ml.so.1
+ *        [-DOLD_DRIVER] -o DIR/libnvidia-ml.so.1 fake_nvml.c
+ * OLD_DRIVER leaves out the symbols newer than driver 510 (the _v3 process lists,
+ * nvmlDeviceGetCurrentClocksEventReasons) so that dlsym fails as on an old driver.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- nvml.h types (layouts as in nvml.h and pynvml's ctypes Structures) ---- */
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_ALREADY_INITIALIZED = 5,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_INSUFFICIENT_POWER = 8,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_IRQ_ISSUE = 11,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+    NVML_ERROR_CORRUPTED_INFOROM = 14,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_RESET_REQUIRED = 16,
+    NVML_ERROR_OPERATING_SYSTEM = 17,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_MEMORY = 20,
+    NVML_ERROR_NO_DATA = 21,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define NVML_VALUE_NOT_AVAILABLE_ULL 0xFFFFFFFFFFFFFFFFULL
+#define NVML_NO_INSTANCE 0xFFFFFFFFu /* gpuInstanceId/computeInstanceId with MIG off */
+#define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+/* nvmlProcessInfo_v2_t; the _v3 calls take nvmlProcessInfo_t, which has the same layout. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+struct fake_device;
+typedef struct fake_device *nvmlDevice_t;
+struct fake_event_set;
+typedef struct fake_event_set *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+/* ---- fake state ---- */
+
+#define MAX_DEVICES 16
+#define MAX_PROCS 256
+#define MAX_XIDS 32
+#define MAX_EVENT_SETS 8
+#define UTIL_BUFFER_TICKS 8 /* the driver keeps a bounded sample history */
+#define TICK_US 1000000ULL /* sample timeStamp of tick t is t * TICK_US (as exporter/simulate.py) */
+#define CODEC_PERIOD_US 167000u
+
+enum field {
+    F_POWER,
+    F_TEMPERATURE,
+    F_UTILIZATION,
+    F_CLOCKS,
+    F_ECC,
+    F_ENCODER,
+    F_DECODER,
+    F_CLOCKS_EVENT_REASONS,
+    F_PROCESS_UTILIZATION,
+    F_MEMORY,
+    F_COUNT
+};
+static const char *const field_names[F_COUNT] = {
+    "power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
+    "clocks_event_reasons", "process_utilization", "memory",
+};
+
+/* Configured values; a value absent from the config makes its call NOT_SUPPORTED. */
+enum value {
+    V_MEMORY_TOTAL,
+    V_MEMORY_USED,
+    V_UTIL_GPU,
+    V_UTIL_MEMORY,
+    V_POWER,
+    V_TEMPERATURE,
+    V_SM_CLOCK,
+    V_MEMORY_CLOCK,
+    V_ENCODER,
+    V_DECODER,
+    V_ECC_CORRECTED,
+    V_ECC_UNCORRECTED,
+    V_CLOCKS_EVENT_REASONS,
+    V_COUNT
+};
+static const char *const value_names[V_COUNT] = {
+    "memory_total_bytes", "memory_used_bytes", "utilization_gpu", "utilization_memory",
+    "power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
+    "encoder_utilization", "decoder_utilization", "ecc_corrected", "ecc_uncorrected",
+    "clocks_event_reasons",
+};
+
+enum list_kind { L_COMPUTE, L_GRAPHICS, L_MPS, L_COUNT };
+static const char *const kind_names[L_COUNT] = {"compute", "graphics", "mps"};
+
+struct proc {
+    unsigned int pid;
+    unsigned long long used_memory; /* NVML_VALUE_NOT_AVAILABLE_ULL when not available */
+    unsigned int sm_util;
+    int kind;
+};
+
+struct xid {
+    unsigned long long tick;
+    unsigned long long xid;
+};
+
+struct fake_device {
+    char uuid[96];
+    char name[96];
+    unsigned int minor;
+    char pci_bus_id[32];
+    int have[V_COUNT];
+    unsigned long long value[V_COUNT];
+    int not_supported[F_COUNT];
+    int lost_after_set;
+    unsigned long long lost_after_ticks;
+    unsigned int process_growth;
+    int growth_pending[L_COUNT];
+    struct proc procs[MAX_PROCS];
+    unsigned int nprocs;
+    struct xid xids[MAX_XIDS];
+    unsigned int nxids;
+    unsigned long long tick;
+    unsigned long long last_seen; /* lastSeenTimeStamp of the latest utilization call */
+    unsigned long calls;
+};
+
+struct fake_event_set {
+    int used;
+    unsigned long long types[MAX_DEVICES];     /* registered event types per device */
+    unsigned int delivered[MAX_DEVICES];       /* xids of that device already handed out */
+};
+
+struct config {
+    char driver_version[80];
+    unsigned int init_failures;
+    int old_driver;
+    int manual_clock;
+    unsigned int ndevices;
+    struct fake_device devices[MAX_DEVICES];
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct config cfg;
+static unsigned int refcount;
+static struct fake_event_set event_sets[MAX_EVENT_SETS];
+/* init_failures counts across attempts; restarted when the config (path or bytes) changes */
+static uint64_t failure_key;
+static unsigned int failures_served;
+
+/* Per-function call counters, readable from tests through fakeNvmlCallCount. */
+#define MAX_COUNTERS 96
+static struct {
+    const char *name;
+    unsigned long count;
+} counters[MAX_COUNTERS];
+
+static void bump(const char *name) {
+    for (int i = 0; i < MAX_COUNTERS; i++) {
+        if (counters[i].name == NULL) {
+            counters[i].name = name;
+            counters[i].count = 1;
+            return;
+        }
+        if (counters[i].name == name || strcmp(counters[i].name, name) == 0) {
+            counters[i].count++;
+            return;
+        }
+    }
+}
+
+#define ENTER()                  \
+    pthread_mutex_lock(&lock);   \
+    bump(__func__)
+#define RETURN(rc)                 \
+    do {                           \
+        nvmlReturn_t rc_ = (rc);   \
+        pthread_mutex_unlock(&lock); \
+        return rc_;                \
+    } while (0)
+
+/* ---- config parsing ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t len) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static int parse_ull(const char *s, unsigned long long *out) {
+    char *end;
+    if (*s == '\0' || *s == '-')
+        return -1;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (*end != '\0')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_uint(const char *s, unsigned int *out) {
+    unsigned long long v;
+    if (parse_ull(s, &v) != 0 || v > 0xFFFFFFFFULL)
+        return -1;
+    *out = (unsigned int)v;
+    return 0;
+}
+
+static int copy_str(char *dst, size_t size, const char *src) {
+    if (strlen(src) >= size)
+        return -1;
+    strcpy(dst, src);
+    return 0;
+}
+
+/* One "key value" line; returns 0 or -1 for a malformed line. */
+static int parse_line(struct config *c, char *key, char *rest) {
+    struct fake_device *d = c->ndevices ? &c->devices[c->ndevices - 1] : NULL;
+
+    if (strcmp(key, "fake_nvml_config") == 0)
+        return strcmp(rest, "1") == 0 ? 0 : -1;
+    if (strcmp(key, "driver_version") == 0)
+        return copy_str(c->driver_version, sizeof c->driver_version, rest);
+    if (strcmp(key, "init_failures") == 0)
+        return parse_uint(rest, &c->init_failures);
+    if (strcmp(key, "old_driver") == 0) {
+        unsigned int v;
+        if (parse_uint(rest, &v) != 0 || v > 1)
+            return -1;
+        c->old_driver = (int)v;
+        return 0;
+    }
+    if (strcmp(key, "clock") == 0) {
+        if (strcmp(rest, "auto") == 0)
+            c->manual_clock = 0;
+        else if (strcmp(rest, "manual") == 0)
+            c->manual_clock = 1;
+        else
+            return -1;
+        return 0;
+    }
+    if (strcmp(key, "device") == 0) {
+        if (c->ndevices >= MAX_DEVICES)
+            return -1;
+        c->ndevices++;
+        return 0;
+    }
+    if (d == NULL)
+        return -1; /* every other key belongs to a device */
+    if (strcmp(key, "uuid") == 0)
+        return copy_str(d->uuid, sizeof d->uuid, rest);
+    if (strcmp(key, "name") == 0)
+        return copy_str(d->name, sizeof d->name, rest);
+    if (strcmp(key, "minor_number") == 0)
+        return parse_uint(rest, &d->minor);
+    if (strcmp(key, "pci_bus_id") == 0)
+        return copy_str(d->pci_bus_id, sizeof d->pci_bus_id, rest);
+    if (strcmp(key, "lost_after_ticks") == 0) {
+        d->lost_after_set = 1;
+        return parse_ull(rest, &d->lost_after_ticks);
+    }
+    if (strcmp(key, "process_growth") == 0)
+        return parse_uint(rest, &d->process_growth);
+    if (strcmp(key, "not_supported") == 0) {
+        for (int f = 0; f < F_COUNT; f++) {
+            if (strcmp(rest, field_names[f]) == 0) {
+                d->not_supported[f] = 1;
+                return 0;
+            }
+        }
+        return -1;
+    }
+    if (strcmp(key, "xid") == 0) {
+        unsigned long long tick, xid;
+        char *sp = strchr(rest, ' ');
+        if (sp == NULL || d->nxids >= MAX_XIDS)
+            return -1;
+        *sp = '\0';
+        if (parse_ull(rest, &tick) != 0 || parse_ull(sp + 1, &xid) != 0)
+            return -1;
+        d->xids[d->nxids].tick = tick;
+        d->xids[d->nxids].xid = xid;
+        d->nxids++;
+        return 0;
+    }
+    if (strcmp(key, "process") == 0) {
+        /* process PID MEMORY|NA SM_UTIL KIND */
+        char *tok[4];
+        int n = 0;
+        for (char *save = NULL, *t = strtok_r(rest, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+            if (n == 4)
+                return -1;
+            tok[n++] = t;
+        }
+        if (n != 4 || d->nprocs >= MAX_PROCS)
+            return -1;
+        struct proc *p = &d->procs[d->nprocs];
+        if (parse_uint(tok[0], &p->pid) != 0 || parse_uint(tok[2], &p->sm_util) != 0)
+            return -1;
+        if (strcmp(tok[1], "NA") == 0)
+            p->used_memory = NVML_VALUE_NOT_AVAILABLE_ULL;
+        else if (parse_ull(tok[1], &p->used_memory) != 0)
+            return -1;
+        p->kind = -1;
+        for (int k = 0; k < L_COUNT; k++)
+            if (strcmp(tok[3], kind_names[k]) == 0)
+                p->kind = k;
+        if (p->kind < 0)
+            return -1;
+        d->nprocs++;
+        return 0;
+    }
+    for (int v = 0; v < V_COUNT; v++) {
+        if (strcmp(key, value_names[v]) == 0) {
+            d->have[v] = 1;
+            if (v == V_MEMORY_USED && strcmp(rest, "NA") == 0) {
+                d->value[v] = NVML_VALUE_NOT_AVAILABLE_ULL;
+                return 0;
+            }
+            return parse_ull(rest, &d->value[v]);
+        }
+    }
+    return -1;
+}
+
+/* Reads $FAKE_NVML_CONFIG into *c; returns 0 or an NVML error (message on stderr). */
+static nvmlReturn_t load_config(struct config *c, uint64_t *key) {
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    if (path == NULL || *path == '\0') {
+        fprintf(stderr, "fake_nvml: FAKE_NVML_CONFIG is not set; behaving as if no driver is loaded\n");
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "fake_nvml: cannot open FAKE_NVML_CONFIG=%s\n", path);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    memset(c, 0, sizeof *c);
+    strcpy(c->driver_version, "550.54.15");
+    uint64_t h = fnv1a(14695981039346656037ULL, path, strlen(path) + 1);
+    char line[1024];
+    int lineno = 0;
+    nvmlReturn_t rc = NVML_SUCCESS;
+    while (fgets(line, sizeof line, f) != NULL) {
+        lineno++;
+        h = fnv1a(h, line, strlen(line));
+        size_t len = strlen(line);
+        if (len == sizeof line - 1 && line[len - 1] != '\n') {
+            fprintf(stderr, "fake_nvml: %s:%d: line too long\n", path, lineno);
+            rc = NVML_ERROR_UNKNOWN;
+            break;
+        }
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (len == 0 || line[0] == '#')
+            continue;
+        char *rest = strchr(line, ' ');
+        if (rest != NULL)
+            *rest++ = '\0';
+        else
+            rest = line + len; /* empty value */
+        if (parse_line(c, line, rest) != 0) {
+            fprintf(stderr, "fake_nvml: %s:%d: cannot parse '%s %s'\n", path, lineno, line, rest);
+            rc = NVML_ERROR_UNKNOWN;
+            break;
+        }
+    }
+    fclose(f);
+    *key = h;
+    return rc;
+}
+
+/* ---- helpers ---- */
+
+static int initialized(void) { return refcount > 0; }
+
+static struct fake_device *lookup(nvmlDevice_t h) {
+    uintptr_t p = (uintptr_t)h, base = (uintptr_t)cfg.devices;
+    if (p < base || p >= base + cfg.ndevices * sizeof cfg.devices[0] || (p - base) % sizeof cfg.devices[0])
+        return NULL;
+    return h;
+}
+
+static int is_lost(const struct fake_device *d) {
+    return d->lost_after_set && d->tick > d->lost_after_ticks;
+}
+
+/* The common prologue of a call on a device handle. */
+static nvmlReturn_t device_check(nvmlDevice_t h, struct fake_device **out) {
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    struct fake_device *d = lookup(h);
+    if (d == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    d->calls++;
+    if (is_lost(d))
+        return NVML_ERROR_GPU_IS_LOST;
+    *out = d;
+    return NVML_SUCCESS;
+}
+
+#define DEVICE_PROLOGUE(h, d)                      \
+    struct fake_device *d = NULL;                  \
+    ENTER();                                       \
+    {                                              \
+        nvmlReturn_t pre_ = device_check((h), &d); \
+        if (pre_ != NVML_SUCCESS)                  \
+            RETURN(pre_);                          \
+    }
+
+static nvmlReturn_t copy_out(char *dst, unsigned int length, const char *src) {
+    if (dst == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(dst, src);
+    return NVML_SUCCESS;
+}
+
+/* ---- init, errors, system ---- */
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_INSUFFICIENT_POWER: return "Insufficient External Power";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_IRQ_ISSUE: return "Interrupt Request Issue";
+    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
+    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    case NVML_ERROR_CORRUPTED_INFOROM: return "Corrupted infoROM";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_RESET_REQUIRED: return "GPU requires restart";
+    case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    default: return "Unknown Error";
+    }
+}
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    ENTER();
+    if (initialized()) {
+        refcount++; /* NVML is reference counted; only the first init loads state */
+        RETURN(NVML_SUCCESS);
+    }
+    static struct config fresh; /* too big for the stack of a ctypes caller thread */
+    uint64_t key = 0;
+    nvmlReturn_t rc = load_config(&fresh, &key);
+    if (rc != NVML_SUCCESS)
+        RETURN(rc);
+    if (key != failure_key) {
+        failure_key = key;
+        failures_served = 0;
+    }
+    if (failures_served < fresh.init_failures) {
+        failures_served++;
+        RETURN(NVML_ERROR_DRIVER_NOT_LOADED);
+    }
+    cfg = fresh;
+    for (unsigned int i = 0; i < cfg.ndevices; i++)
+        for (int k = 0; k < L_COUNT; k++)
+            cfg.devices[i].growth_pending[k] = cfg.devices[i].process_growth > 0;
+    memset(event_sets, 0, sizeof event_sets);
+    refcount = 1;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    ENTER();
+    if (!initialized())
+        RETURN(NVML_ERROR_UNINITIALIZED);
+    if (--refcount == 0)
+        memset(event_sets, 0, sizeof event_sets);
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    ENTER();
+    if (!initialized())
+        RETURN(NVML_ERROR_UNINITIALIZED);
+    RETURN(copy_out(version, length, cfg.driver_version));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    ENTER();
+    if (!initialized())
+        RETURN(NVML_ERROR_UNINITIALIZED);
+    if (count == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *count = cfg.ndevices;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    ENTER();
+    if (!initialized())
+        RETURN(NVML_ERROR_UNINITIALIZED);
+    if (device == NULL || index >= cfg.ndevices)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    struct fake_device *d = &cfg.devices[index];
+    d->calls++;
+    if (is_lost(d))
+        RETURN(NVML_ERROR_GPU_IS_LOST);
+    *device = d;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device) {
+    return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+/* ---- identity ---- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *uuid, unsigned int length) {
+    DEVICE_PROLOGUE(h, d);
+    RETURN(copy_out(uuid, length, d->uuid));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t h, char *name, unsigned int length) {
+    DEVICE_PROLOGUE(h, d);
+    RETURN(copy_out(name, length, d->name));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t h, unsigned int *minor) {
+    DEVICE_PROLOGUE(h, d);
+    if (minor == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *minor = d->minor;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t h, unsigned int *index) {
+    DEVICE_PROLOGUE(h, d);
+    if (index == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *index = (unsigned int)(d - cfg.devices);
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *pci) {
+    DEVICE_PROLOGUE(h, d);
+    if (pci == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    memset(pci, 0, sizeof *pci);
+    unsigned int domain = 0, bus = 0, dev = 0, fn = 0;
+    /* "DDDDDDDD:BB:DD.F"; an id in another shape is passed through with zero numbers */
+    if (sscanf(d->pci_bus_id, "%x:%x:%x.%x", &domain, &bus, &dev, &fn) == 4) {
+        pci->domain = domain;
+        pci->bus = bus;
+        pci->device = dev;
+        snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X",
+                 domain & 0xFFFFu, bus & 0xFFu, dev & 0xFFu, fn & 0xFu);
+    }
+    pci->pciDeviceId = 0x20B010DEu; /* any NVIDIA device id; the exporter does not read it */
+    snprintf(pci->busId, sizeof pci->busId, "%s", d->pci_bus_id);
+    RETURN(NVML_SUCCESS);
+}
+
+/* ---- device values ---- */
+
+/* NOT_SUPPORTED when the field is listed in not_supported or a value it needs is absent. */
+static int unsupported(const struct fake_device *d, enum field f, int value_a, int value_b) {
+    if (d->not_supported[f])
+        return 1;
+    int a = value_a >= 0 && d->have[value_a];
+    int b = value_b >= 0 && d->have[value_b];
+    return !(a || b);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *memory) {
+    DEVICE_PROLOGUE(h, d);
+    if (memory == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (d->not_supported[F_MEMORY] || !d->have[V_MEMORY_TOTAL])
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long total = d->value[V_MEMORY_TOTAL];
+    /* memory_used_bytes absent or null: NVML_VALUE_NOT_AVAILABLE, as is free then */
+    unsigned long long used = d->have[V_MEMORY_USED] ? d->value[V_MEMORY_USED] : NVML_VALUE_NOT_AVAILABLE_ULL;
+    memory->total = total;
+    memory->used = used;
+    memory->free = used == NVML_VALUE_NOT_AVAILABLE_ULL ? NVML_VALUE_NOT_AVAILABLE_ULL
+                   : used > total                      ? 0
+                                                       : total - used;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *util) {
+    DEVICE_PROLOGUE(h, d);
+    if (util == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (unsupported(d, F_UTILIZATION, V_UTIL_GPU, V_UTIL_MEMORY))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    util->gpu = (unsigned int)d->value[V_UTIL_GPU]; /* an absent half reads 0 */
+    util->memory = (unsigned int)d->value[V_UTIL_MEMORY];
+    RETURN(NVML_SUCCESS);
+}
+
+#define UINT_GETTER(fn, field, v)                                   \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t h, unsigned int *out) {     \
+        DEVICE_PROLOGUE(h, d);                                      \
+        if (out == NULL)                                            \
+            RETURN(NVML_ERROR_INVALID_ARGUMENT);                    \
+        if (unsupported(d, field, v, -1))                           \
+            RETURN(NVML_ERROR_NOT_SUPPORTED);                       \
+        *out = (unsigned int)d->value[v];                           \
+        RETURN(NVML_SUCCESS);                                       \
+    }
+
+UINT_GETTER(nvmlDeviceGetPowerUsage, F_POWER, V_POWER)
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t h, int sensor, unsigned int *temp) {
+    DEVICE_PROLOGUE(h, d);
+    if (temp == NULL || sensor != 0 /* NVML_TEMPERATURE_GPU */)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (unsupported(d, F_TEMPERATURE, V_TEMPERATURE, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *temp = (unsigned int)d->value[V_TEMPERATURE];
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t h, int type, unsigned int *clock) {
+    DEVICE_PROLOGUE(h, d);
+    if (clock == NULL || type < 0 || type > 3)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    /* NVML_CLOCK_GRAPHICS(0) and SM(1) read the SM clock, MEM(2) the memory clock */
+    int v = type == 2 ? V_MEMORY_CLOCK : type == 3 ? -1 : V_SM_CLOCK;
+    if (v < 0 || unsupported(d, F_CLOCKS, v, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *clock = (unsigned int)d->value[v];
+    RETURN(NVML_SUCCESS);
+}
+
+static nvmlReturn_t codec(nvmlDevice_t h, enum field f, enum value v, unsigned int *util,
+                          unsigned int *period) {
+    struct fake_device *d = NULL;
+    nvmlReturn_t rc = device_check(h, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (util == NULL || period == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (unsupported(d, f, v, -1))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *util = (unsigned int)d->value[v];
+    *period = CODEC_PERIOD_US;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t h, unsigned int *util, unsigned int *period) {
+    ENTER();
+    RETURN(codec(h, F_ENCODER, V_ENCODER, util, period));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t h, unsigned int *util, unsigned int *period) {
+    ENTER();
+    RETURN(codec(h, F_DECODER, V_DECODER, util, period));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t h, int errorType, int counterType,
+                                                unsigned long long *count) {
+    DEVICE_PROLOGUE(h, d);
+    /* errorType 0 corrected / 1 uncorrected; counterType 0 volatile / 1 aggregate read alike */
+    if (count == NULL || errorType < 0 || errorType > 1 || counterType < 0 || counterType > 1)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    int v = errorType == 0 ? V_ECC_CORRECTED : V_ECC_UNCORRECTED;
+    if (unsupported(d, F_ECC, v, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *count = d->value[v];
+    RETURN(NVML_SUCCESS);
+}
+
+static nvmlReturn_t reasons(nvmlDevice_t h, unsigned long long *out) {
+    struct fake_device *d = NULL;
+    nvmlReturn_t rc = device_check(h, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (out == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (unsupported(d, F_CLOCKS_EVENT_REASONS, V_CLOCKS_EVENT_REASONS, -1))
+        return NVML_ERROR_NOT_SUPPORTED;
+    *out = d->value[V_CLOCKS_EVENT_REASONS];
+    return NVML_SUCCESS;
+}
+
+#ifndef OLD_DRIVER
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t h, unsigned long long *out) {
+    ENTER();
+    if (cfg.old_driver && initialized())
+        RETURN(NVML_ERROR_FUNCTION_NOT_FOUND);
+    RETURN(reasons(h, out));
+}
+#endif
+
+/* The pre-530 name of the same call; still exported by current drivers. */
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t h, unsigned long long *out) {
+    ENTER();
+    RETURN(reasons(h, out));
+}
+
+/* ---- running processes ---- */
+
+static int in_list(const struct proc *p, int list) {
+    /* MPS clients are listed by the compute call too (nvidia-smi shows them as "M+C") */
+    return p->kind == list || (list == L_COMPUTE && p->kind == L_MPS);
+}
+
+static nvmlReturn_t running_processes(nvmlDevice_t h, int list, unsigned int *count,
+                                      nvmlProcessInfo_t *infos) {
+    struct fake_device *d = NULL;
+    nvmlReturn_t rc = device_check(h, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (count == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < d->nprocs; i++)
+        n += in_list(&d->procs[i], list);
+    unsigned int visible = n;
+    if (d->growth_pending[list]) {
+        /* process_growth: the first call after init sees K fewer processes, as if K
+           started between the size probe and the fetch */
+        d->growth_pending[list] = 0;
+        visible = n > d->process_growth ? n - d->process_growth : 0;
+    }
+    if (visible == 0) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    if (infos == NULL || *count < visible) {
+        *count = visible;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int j = 0;
+    for (unsigned int i = 0; i < d->nprocs && j < visible; i++) {
+        const struct proc *p = &d->procs[i];
+        if (!in_list(p, list))
+            continue;
+        infos[j].pid = p->pid;
+        infos[j].usedGpuMemory = p->used_memory;
+        infos[j].gpuInstanceId = NVML_NO_INSTANCE;
+        infos[j].computeInstanceId = NVML_NO_INSTANCE;
+        j++;
+    }
+    *count = j;
+    return NVML_SUCCESS;
+}
+
+#define PROCESS_CALL(fn, list)                                                          \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t h, unsigned int *count, nvmlProcessInfo_t *infos) { \
+        ENTER();                                                                        \
+        RETURN(running_processes(h, list, count, infos));                               \
+    }
+/* A normal build with "old_driver 1" answers FUNCTION_NOT_FOUND from the _v3 calls. */
+#define PROCESS_CALL_V3(fn, list)                                                       \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t h, unsigned int *count, nvmlProcessInfo_t *infos) { \
+        ENTER();                                                                        \
+        if (cfg.old_driver && initialized())                                            \
+            RETURN(NVML_ERROR_FUNCTION_NOT_FOUND);                                      \
+        RETURN(running_processes(h, list, count, infos));                               \
+    }
+
+PROCESS_CALL(nvmlDeviceGetComputeRunningProcesses_v2, L_COMPUTE)
+PROCESS_CALL(nvmlDeviceGetGraphicsRunningProcesses_v2, L_GRAPHICS)
+PROCESS_CALL(nvmlDeviceGetMPSComputeRunningProcesses_v2, L_MPS)
+#ifndef OLD_DRIVER
+PROCESS_CALL_V3(nvmlDeviceGetComputeRunningProcesses_v3, L_COMPUTE)
+PROCESS_CALL_V3(nvmlDeviceGetGraphicsRunningProcesses_v3, L_GRAPHICS)
+PROCESS_CALL_V3(nvmlDeviceGetMPSComputeRunningProcesses_v3, L_MPS)
+#endif
+
+/* ---- process utilization ---- */
+
+/* Samples newer than last_seen in the device's buffer; writes up to cap into out. */
+static unsigned int util_samples(const struct fake_device *d, unsigned long long last_seen,
+                                 nvmlProcessUtilizationSample_t *out, unsigned int cap) {
+    unsigned int n = 0;
+    unsigned long long first = d->tick >= UTIL_BUFFER_TICKS ? d->tick - UTIL_BUFFER_TICKS + 1 : 1;
+    for (unsigned long long t = first; t <= d->tick; t++) {
+        unsigned long long ts = t * TICK_US;
+        if (ts <= last_seen)
+            continue;
+        for (unsigned int i = 0; i < d->nprocs; i++) {
+            const struct proc *p = &d->procs[i];
+            if (p->sm_util == 0)
+                continue; /* the driver reports only processes that did something */
+            if (out != NULL && n < cap) {
+                memset(&out[n], 0, sizeof out[n]);
+                out[n].pid = p->pid;
+                out[n].timeStamp = ts;
+                out[n].smUtil = p->sm_util;
+            }
+            n++;
+        }
+    }
+    return n;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtilizationSample_t *utilization,
+                                                    unsigned int *processSamplesCount,
+                                                    unsigned long long lastSeenTimeStamp) {
+    ENTER();
+    struct fake_device *d = lookup(h);
+    /* clock auto: the size probe (NULL buffer) starts a new sampling period, before
+       anything else is decided; pynvml makes exactly one probe per call */
+    if (initialized() && d != NULL && utilization == NULL && !cfg.manual_clock)
+        d->tick++;
+    nvmlReturn_t rc = device_check(h, &d);
+    if (rc != NVML_SUCCESS)
+        RETURN(rc);
+    if (processSamplesCount == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (d->not_supported[F_PROCESS_UTILIZATION])
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    d->last_seen = lastSeenTimeStamp;
+    unsigned int n = util_samples(d, lastSeenTimeStamp, NULL, 0);
+    if (n == 0)
+        RETURN(NVML_ERROR_NOT_FOUND);
+    if (utilization == NULL || *processSamplesCount < n) {
+        *processSamplesCount = n;
+        RETURN(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    *processSamplesCount = util_samples(d, lastSeenTimeStamp, utilization, n);
+    RETURN(NVML_SUCCESS);
+}
+
+/* ---- events (Xid) ---- */
+
+static struct fake_event_set *lookup_set(nvmlEventSet_t s) {
+    uintptr_t p = (uintptr_t)s, base = (uintptr_t)event_sets;
+    if (p < base || p >= base + sizeof event_sets || (p - base) % sizeof event_sets[0] || !s->used)
+        return NULL;
+    return s;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    ENTER();
+    if (!initialized())
+        RETURN(NVML_ERROR_UNINITIALIZED);
+    if (set == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < MAX_EVENT_SETS; i++) {
+        if (!event_sets[i].used) {
+            memset(&event_sets[i], 0, sizeof event_sets[i]);
+            event_sets[i].used = 1;
+            *set = &event_sets[i];
+            RETURN(NVML_SUCCESS);
+        }
+    }
+    RETURN(NVML_ERROR_MEMORY);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t h, unsigned long long *types) {
+    DEVICE_PROLOGUE(h, d);
+    (void)d;
+    if (types == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *types = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t h, unsigned long long types, nvmlEventSet_t set) {
+    DEVICE_PROLOGUE(h, d);
+    struct fake_event_set *s = lookup_set(set);
+    if (s == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (types & ~NVML_EVENT_TYPE_XID_CRITICAL_ERROR)
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int i = (unsigned int)(d - cfg.devices);
+    s->types[i] |= types;
+    /* only Xids at or after the registration tick are delivered to this set */
+    unsigned int skip = 0;
+    while (skip < d->nxids && d->xids[skip].tick < d->tick)
+        skip++;
+    if (s->delivered[i] < skip)
+        s->delivered[i] = skip;
+    RETURN(NVML_SUCCESS);
+}
+
+/* Hands out one due Xid of a registered device; returns 1 when one was written. */
+static int next_event(struct fake_event_set *s, nvmlEventData_t *data) {
+    for (unsigned int i = 0; i < cfg.ndevices; i++) {
+        struct fake_device *d = &cfg.devices[i];
+        if (!(s->types[i] & NVML_EVENT_TYPE_XID_CRITICAL_ERROR) || s->delivered[i] >= d->nxids)
+            continue;
+        const struct xid *x = &d->xids[s->delivered[i]];
+        if (x->tick > d->tick)
+            continue;
+        s->delivered[i]++;
+        data->device = d;
+        data->eventType = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+        data->eventData = x->xid;
+        data->gpuInstanceId = NVML_NO_INSTANCE;
+        data->computeInstanceId = NVML_NO_INSTANCE;
+        return 1;
+    }
+    return 0;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms) {
+    struct timespec start, now, nap = {0, 1000000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    pthread_mutex_lock(&lock);
+    bump(__func__);
+    for (;;) {
+        if (!initialized())
+            RETURN(NVML_ERROR_UNINITIALIZED);
+        struct fake_event_set *s = lookup_set(set);
+        if (s == NULL || data == NULL)
+            RETURN(NVML_ERROR_INVALID_ARGUMENT);
+        if (next_event(s, data))
+            RETURN(NVML_SUCCESS);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long waited_ms = (now.tv_sec - start.tv_sec) * 1000LL + (now.tv_nsec - start.tv_nsec) / 1000000;
+        if (waited_ms >= (long long)timeoutms)
+            RETURN(NVML_ERROR_TIMEOUT);
+        /* ticks move in other threads' calls: release the lock while napping */
+        pthread_mutex_unlock(&lock);
+        nanosleep(&nap, NULL);
+        pthread_mutex_lock(&lock);
+    }
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    ENTER();
+    if (!initialized())
+        RETURN(NVML_ERROR_UNINITIALIZED);
+    struct fake_event_set *s = lookup_set(set);
+    if (s == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    s->used = 0;
+    RETURN(NVML_SUCCESS);
+}
+
+/* ---- test hooks (not NVML API): tests/fake_nvml/__init__.py wraps them ---- */
+
+/* Advances every device's tick by n (the only clock in "clock manual"). */
+EXPORT void fakeNvmlAdvanceTicks(unsigned int n) {
+    pthread_mutex_lock(&lock);
+    for (unsigned int i = 0; i < cfg.ndevices; i++)
+        cfg.devices[i].tick += n;
+    pthread_mutex_unlock(&lock);
+}
+
+EXPORT unsigned long long fakeNvmlGetTick(unsigned int index) {
+    pthread_mutex_lock(&lock);
+    unsigned long long t = index < cfg.ndevices ? cfg.devices[index].tick : 0;
+    pthread_mutex_unlock(&lock);
+    return t;
+}
+
+/* lastSeenTimeStamp passed by the latest nvmlDeviceGetProcessUtilization on the device. */
+EXPORT unsigned long long fakeNvmlLastSeenTimeStamp(unsigned int index) {
+    pthread_mutex_lock(&lock);
+    unsigned long long t = index < cfg.ndevices ? cfg.devices[index].last_seen : 0;
+    pthread_mutex_unlock(&lock);
+    return t;
+}
+
+/* Calls of one exported NVML function since load or fakeNvmlReset, failed ones included. */
+EXPORT unsigned long fakeNvmlCallCount(const char *name) {
+    unsigned long n = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_COUNTERS && counters[i].name != NULL; i++)
+        if (strcmp(counters[i].name, name) == 0)
+            n = counters[i].count;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Calls that reached one device (its handle, or its index for GetHandleByIndex). */
+EXPORT unsigned long fakeNvmlDeviceCallCount(unsigned int index) {
+    pthread_mutex_lock(&lock);
+    unsigned long n = index < cfg.ndevices ? cfg.devices[index].calls : 0;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Forgets everything: NVML uninitialised, counters and the init-failure count cleared. */
+EXPORT void fakeNvmlReset(void) {
+    pthread_mutex_lock(&lock);
+    refcount = 0;
+    memset(&cfg, 0, sizeof cfg);
+    memset(event_sets, 0, sizeof event_sets);
+    memset(counters, 0, sizeof counters);
+    failure_key = 0;
+    failures_served = 0;
+    pthread_mutex_unlock(&lock);
+}
