@@ -1,0 +1,50 @@
+"""Configuration: flags, environment equivalents, validation, the generated docs table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.config import ConfigError, load_config, options_markdown, parse_listen
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+
+
+def test_defaults():
+    cfg = load_config([], environ={})
+    assert cfg.listen == "0.0.0.0:9400" and cfg.interval == 1.0 and cfg.host_proc == "/proc"
+    assert cfg.pod_label == "pod_name" and cfg.xid and cfg.events and not cfg.per_process_metrics
+
+
+def test_environment_equivalents_and_flag_precedence():
+    env = {"KUBE_GPU_EXPORTER_LISTEN": "127.0.0.1:9500", "KUBE_GPU_EXPORTER_INTERVAL": "2.5",
+           "KUBE_GPU_EXPORTER_XID": "false", "KUBE_GPU_EXPORTER_POD_LABEL": "pod"}
+    cfg = load_config([], environ=env)
+    assert (cfg.listen, cfg.interval, cfg.xid, cfg.pod_label) == ("127.0.0.1:9500", 2.5, False, "pod")
+    cfg = load_config(["--listen", "127.0.0.1:9600", "--xid"], environ=env)
+    assert cfg.listen == "127.0.0.1:9600" and cfg.xid
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--listen", "9400"], {}, "HOST:PORT"),
+    (["--listen", "host:99999"], {}, "HOST:PORT"),
+    (["--interval", "abc"], {}, "must be a number"),
+    (["--interval", "0"], {}, "at least 0.05"),
+    ([], {"KUBE_GPU_EXPORTER_INTERVAL": "nan"}, "finite number"),
+    ([], {"KUBE_GPU_EXPORTER_XID": "maybe"}, "true or false"),
+    (["--pod-label", "0bad"], {}, "label name"),
+    (["--pod-label", "x", "--container-label", "x"], {}, "must differ"),
+    (["--log-level", "loud"], {}, "--log-level"),
+])
+def test_bad_values_are_rejected_with_the_flag_named(argv, env, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(argv, environ=env)
+
+
+def test_ipv6_listen():
+    assert parse_listen("[::1]:9400") == ("::1", 9400)
+
+
+def test_configuration_doc_lists_every_option():
+    assert options_markdown() in DOC.read_text(), "regenerate docs/configuration.md (see its header)"
