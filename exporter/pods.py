@@ -1,0 +1,385 @@
+"""Pods on this node: raw API objects -> :class:`PodInfo`, and the pod cache. Pure; no I/O.
+
+The watcher (``exporter.pod_watcher``) and the simulated node both feed raw Pod dicts, exactly as
+the API returns them (camelCase JSON), into :class:`PodStore`; attribution reads immutable
+:class:`PodView` snapshots. A pod the parser cannot make sense of is skipped and counted by reason,
+never raised out of the store.
+
+Terminated pods (phase Succeeded/Failed) stay in the view until the API deletes them: their
+processes can linger on a GPU for a while (a CUDA context being torn down, a zombie holding memory),
+and attributing that memory to the pod is more useful than reporting an unknown process.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from exporter.model import EMPTY, ContainerInfo, PodInfo
+
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+_CONTAINER_ID = re.compile(r"([a-z0-9][a-z0-9.+-]*)://(.*)", re.DOTALL)
+# CronJob controller names its Jobs "<cronjob>-<scheduled time in minutes since the epoch>";
+# minutes since 1990 already have 8 digits, so fewer digits means a hand-named Job.
+_CRONJOB_JOB = re.compile(r"(.+)-([0-9]{8,10})", re.DOTALL)
+JOB_NAME_LABELS = ("batch.kubernetes.io/job-name", "job-name")
+POD_TEMPLATE_HASH = "pod-template-hash"
+
+
+class MalformedPod(ValueError):
+    """A Pod object lacks what identifies it (uid, name, namespace, containers)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason  # short, stable: used as a metric label value
+
+
+def _mapping(value: Any, reason: str) -> Mapping[str, Any]:
+    if value is None:
+        return EMPTY
+    if not isinstance(value, Mapping):
+        raise MalformedPod(reason, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _required_str(meta: Mapping[str, Any], key: str, reason: str) -> str:
+    value = meta.get(key)
+    if not isinstance(value, str) or not value:
+        raise MalformedPod(reason)
+    return value
+
+
+def _optional_str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _str_map(value: Any, what: str, issues: list[str]) -> Mapping[str, str]:
+    """A string->string map; non-string entries are dropped (and noted), never fatal."""
+    if value is None:
+        return EMPTY
+    if not isinstance(value, Mapping):
+        issues.append(f"{what}_invalid")
+        return EMPTY
+    out = {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+    if len(out) != len(value):
+        issues.append(f"{what}_invalid")
+    return MappingProxyType(out)
+
+
+def _quantities(value: Any, issues: list[str]) -> Mapping[str, str]:
+    """Resource quantities as given. The API sends strings; YAML scenarios may hold bare numbers."""
+    if value is None:
+        return EMPTY
+    if not isinstance(value, Mapping):
+        issues.append("resources_invalid")
+        return EMPTY
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if isinstance(k, str) and isinstance(v, str):
+            out[k] = v
+        elif isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool):
+            out[k] = str(v)
+        else:
+            issues.append("resources_invalid")
+    return MappingProxyType(out)
+
+
+def _env(value: Any, issues: list[str]) -> Mapping[str, str]:
+    """Literal ``env[].value`` entries; ``valueFrom`` ones cannot be resolved here and are left out."""
+    if value is None:
+        return EMPTY
+    if not isinstance(value, list):
+        issues.append("env_invalid")
+        return EMPTY
+    out: dict[str, str] = {}
+    for item in value:
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            issues.append("env_invalid")
+            continue
+        if isinstance(item.get("value"), str):
+            out[item["name"]] = item["value"]  # later duplicates win, as in the container runtime
+    return MappingProxyType(out)
+
+
+def parse_container_id(raw: Any) -> tuple[str | None, str | None]:
+    """``containerd://<64hex>`` (or cri-o://, docker://) -> (lowercase 64 hex, None).
+
+    Returns (None, issue) for something that is not a runtime-prefixed 64-hex ID, and (None, None)
+    when there is no ID yet (container not started).
+    """
+    if raw is None or raw == "":
+        return None, None
+    if not isinstance(raw, str):
+        return None, "container_id_invalid"
+    m = _CONTAINER_ID.fullmatch(raw)
+    ident = m.group(2) if m else raw
+    if not _HEX64.fullmatch(ident):
+        return None, "container_id_invalid"
+    return ident.lower(), None
+
+
+def _container_ids(status: Mapping[str, Any], issues: list[str]) -> dict[str, str]:
+    statuses = status.get("containerStatuses")
+    if statuses is None:
+        return {}
+    if not isinstance(statuses, list):
+        issues.append("container_statuses_invalid")
+        return {}
+    out: dict[str, str] = {}
+    for st in statuses:
+        if not isinstance(st, Mapping) or not isinstance(st.get("name"), str):
+            issues.append("container_statuses_invalid")
+            continue
+        cid, issue = parse_container_id(st.get("containerID"))
+        if issue:
+            issues.append(issue)
+        if cid:
+            out[st["name"]] = cid
+    return out
+
+
+def _controller_ref(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    refs = meta.get("ownerReferences")
+    if not isinstance(refs, list):
+        return None
+    for ref in refs:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            kind, name = ref.get("kind"), ref.get("name")
+            if isinstance(kind, str) and kind and isinstance(name, str) and name:
+                return kind, name
+    return None
+
+
+def resolve_workload(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(kind, name) of the workload owning a pod, from the pod object alone.
+
+    Resolving ReplicaSet -> Deployment and Job -> CronJob by name avoids needing RBAC (and API
+    calls) on ReplicaSets and Jobs:
+
+    * a Deployment's ReplicaSet is named ``<deployment>-<pod-template-hash>`` and its pods carry
+      that hash as the ``pod-template-hash`` label; a ReplicaSet not named so is reported as such;
+    * a CronJob's Job is named ``<cronjob>-<scheduled minutes since epoch>`` (8-10 digits) and its
+      pods carry the job name in ``batch.kubernetes.io/job-name`` (or the older ``job-name``) label;
+      other Jobs are reported as Jobs. A hand-made Job named like ``x-12345678`` would be taken
+      for a CronJob's: an accepted cost of the heuristic.
+
+    StatefulSet, DaemonSet and any other controller are reported by kind; a pod without a
+    controller is its own workload, ``("Pod", <pod name>)``.
+    """
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else EMPTY
+    pod_name = _optional_str(meta.get("name"))
+    ref = _controller_ref(meta)
+    if ref is None:
+        return "Pod", pod_name
+    kind, name = ref
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, Mapping) else EMPTY
+    if kind == "ReplicaSet":
+        tmpl_hash = labels.get(POD_TEMPLATE_HASH)
+        if isinstance(tmpl_hash, str) and tmpl_hash and name.endswith("-" + tmpl_hash):
+            deployment = name[: -len(tmpl_hash) - 1]
+            if deployment:
+                return "Deployment", deployment
+        return "ReplicaSet", name
+    if kind == "Job":
+        m = _CRONJOB_JOB.fullmatch(name)
+        if m and any(labels.get(key) == name for key in JOB_NAME_LABELS):
+            return "CronJob", m.group(1)
+        return "Job", name
+    return kind, name
+
+
+def parse_pod(obj: Any) -> tuple[PodInfo, tuple[str, ...]]:
+    """Like :func:`pod_from_api`, also returning the non-fatal issues met (e.g. a bad container ID)."""
+    if not isinstance(obj, Mapping):
+        raise MalformedPod("not_an_object", type(obj).__name__)
+    meta = _mapping(obj.get("metadata"), "metadata_invalid")
+    spec = _mapping(obj.get("spec"), "spec_invalid")
+    status = _mapping(obj.get("status"), "status_invalid")
+    uid = _required_str(meta, "uid", "missing_uid")
+    name = _required_str(meta, "name", "missing_name")
+    namespace = _required_str(meta, "namespace", "missing_namespace")
+    raw_containers = spec.get("containers")
+    if not isinstance(raw_containers, list):
+        raise MalformedPod("containers_invalid", "spec.containers is not a list")
+    issues: list[str] = []
+    ids = _container_ids(status, issues)
+    containers: list[ContainerInfo] = []
+    for index, c in enumerate(raw_containers):
+        if not isinstance(c, Mapping) or not isinstance(c.get("name"), str) or not c["name"]:
+            # Indexes of the others would shift, and schemes key annotations by index: refuse the pod.
+            raise MalformedPod("containers_invalid", f"spec.containers[{index}] has no name")
+        resources = c.get("resources")
+        if resources is not None and not isinstance(resources, Mapping):
+            issues.append("resources_invalid")
+            resources = None
+        resources = resources or EMPTY
+        containers.append(
+            ContainerInfo(
+                name=c["name"],
+                index=index,
+                container_id=ids.get(c["name"]),
+                limits=_quantities(resources.get("limits"), issues),
+                requests=_quantities(resources.get("requests"), issues),
+                env=_env(c.get("env"), issues),
+            )
+        )
+    kind, workload = resolve_workload(obj)
+    pod = PodInfo(
+        uid=uid.lower(),  # cgroup paths give lowercase UIDs
+        name=name,
+        namespace=namespace,
+        node_name=_optional_str(spec.get("nodeName")),
+        phase=_optional_str(status.get("phase")) or "Unknown",
+        containers=tuple(containers),
+        labels=_str_map(meta.get("labels"), "labels", issues),
+        annotations=_str_map(meta.get("annotations"), "annotations", issues),
+        workload_kind=kind,
+        workload_name=workload,
+        resource_version=_optional_str(meta.get("resourceVersion")),
+    )
+    return pod, tuple(issues)
+
+
+def pod_from_api(obj: Mapping[str, Any]) -> PodInfo:
+    """A raw Pod object (camelCase JSON dict) -> :class:`PodInfo`; :class:`MalformedPod` if unusable.
+
+    Containers come in ``spec.containers`` order; container IDs from ``status.containerStatuses``,
+    runtime prefix stripped and lowercased. IDs that are not 64 hex are ignored (the container then
+    has no ID), and so are non-string labels, annotations, quantities and env entries.
+    """
+    return parse_pod(obj)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """An immutable snapshot of the node's pods, indexed the ways attribution looks them up."""
+
+    pods: Mapping[str, PodInfo] = field(default_factory=lambda: EMPTY)  # by pod UID
+    by_container_id: Mapping[str, tuple[PodInfo, ContainerInfo]] = field(default_factory=lambda: EMPTY)
+    by_name: Mapping[tuple[str, str], PodInfo] = field(default_factory=lambda: EMPTY)  # (namespace, name)
+    resource_version: str = ""
+
+
+EMPTY_VIEW = PodView()
+
+
+def _build_view(pods: Mapping[str, PodInfo], resource_version: str) -> PodView:
+    by_cid: dict[str, tuple[PodInfo, ContainerInfo]] = {}
+    by_name: dict[tuple[str, str], PodInfo] = {}
+    for pod in pods.values():  # insertion order = order of last change: newer wins on a clash
+        by_name[(pod.namespace, pod.name)] = pod
+        for c in pod.containers:
+            if c.container_id:
+                by_cid[c.container_id] = (pod, c)
+    return PodView(
+        pods=MappingProxyType(dict(pods)),
+        by_container_id=MappingProxyType(by_cid),
+        by_name=MappingProxyType(by_name),
+        resource_version=resource_version,
+    )
+
+
+def _uid_and_key(obj: Any) -> tuple[str | None, tuple[str, str] | None]:
+    """Whatever identity a (possibly malformed) object still has, to process a deletion."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return None, None
+    uid, name, ns = meta.get("uid"), meta.get("name"), meta.get("namespace")
+    key = (ns, name) if isinstance(ns, str) and isinstance(name, str) else None
+    return (uid.lower() if isinstance(uid, str) and uid else None), key
+
+
+class PodStore:
+    """The node's pods, fed by list (:meth:`replace`) and watch events (:meth:`apply`). Thread-safe.
+
+    A malformed pod is skipped and counted in :meth:`skips` by reason; if an earlier version of it
+    was good, that version is kept (its container IDs are still the best knowledge there is).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pods: dict[str, PodInfo] = {}
+        self._resource_version = ""
+        self._skips: Counter[str] = Counter()
+        self._view: PodView | None = EMPTY_VIEW
+
+    @property
+    def resource_version(self) -> str:
+        """The resourceVersion of the latest list or event applied."""
+        with self._lock:
+            return self._resource_version
+
+    def replace(self, objs: Iterable[Any], resource_version: str) -> None:
+        """Replace the whole content with a fresh list result."""
+        pods: dict[str, PodInfo] = {}
+        skips: Counter[str] = Counter()
+        for obj in objs:
+            try:
+                pod, issues = parse_pod(obj)
+            except MalformedPod as exc:
+                skips[exc.reason] += 1
+                continue
+            skips.update(issues)
+            pods[pod.uid] = pod
+        with self._lock:
+            self._pods = pods
+            self._resource_version = resource_version if isinstance(resource_version, str) else ""
+            self._skips.update(skips)
+            self._view = None
+
+    def apply(self, event_type: str, obj: Any) -> None:
+        """Apply one watch event: ADDED, MODIFIED, DELETED, or BOOKMARK (resourceVersion only)."""
+        rv = None
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        if isinstance(meta, Mapping) and isinstance(meta.get("resourceVersion"), str):
+            rv = meta["resourceVersion"]
+        with self._lock:
+            if rv and rv != self._resource_version:
+                self._resource_version = rv
+                self._view = None
+            if event_type == "BOOKMARK":
+                return
+            if event_type == "DELETED":
+                self._delete(obj)
+                return
+            if event_type not in ("ADDED", "MODIFIED"):
+                self._skips["unknown_event_type"] += 1
+                return
+            try:
+                pod, issues = parse_pod(obj)
+            except MalformedPod as exc:
+                self._skips[exc.reason] += 1
+                return
+            self._skips.update(issues)
+            self._pods.pop(pod.uid, None)  # re-insert: dict order tracks recency for by_name
+            self._pods[pod.uid] = pod
+            self._view = None
+
+    def _delete(self, obj: Any) -> None:
+        uid, key = _uid_and_key(obj)
+        if uid is None and key is not None:
+            uid = next((p.uid for p in self._pods.values() if (p.namespace, p.name) == key), None)
+        if uid is None:
+            self._skips["missing_uid"] += 1
+            return
+        if self._pods.pop(uid, None) is not None:
+            self._view = None
+
+    def skips(self) -> Mapping[str, int]:
+        """Cumulative count of skipped pods and ignored fields, by reason."""
+        with self._lock:
+            return MappingProxyType(dict(self._skips))
+
+    def view(self) -> PodView:
+        """The current immutable snapshot (rebuilt only after a change)."""
+        with self._lock:
+            if self._view is None:
+                self._view = _build_view(self._pods, self._resource_version)
+            return self._view
