@@ -194,9 +194,14 @@ class KmsgReader:
             records.extend(done)
         return ReadBatch(tuple(records), epipe, drained)
 
+    @property
+    def pollable(self) -> bool:
+        """True when :meth:`wait_readable` can block on the kernel (an opened device)."""
+        return self._record_per_read and self._fileno is not None
+
     def wait_readable(self, timeout: float) -> bool:
-        """Block up to ``timeout`` seconds for a device record; ``False`` if the source cannot poll."""
-        if not self._record_per_read or self._fileno is None:
+        """Block up to ``timeout`` seconds for a device record; ``False`` at once if not pollable."""
+        if not self.pollable or self._fileno is None:
             return False
         poller = select.poll()
         poller.register(self._fileno, select.POLLIN)
