@@ -1,0 +1,406 @@
+"""NvmlBackend through the real pynvml against the fake libnvidia-ml.so.1 (tests/fake_nvml).
+
+The fake is loaded into this process (pynvml.nvmlLib is swapped and restored per test); its
+test hooks count calls and move its clock, so backoff and lastSeen are asserted exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from exporter.model import DeviceSample, ProcessUsage, UtilSample
+from exporter.nvml_backend import NvmlBackend
+from tests.fake_nvml import TICK_US, FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
+
+GIB = 1 << 30
+
+GPU0: dict[str, Any] = {
+    "uuid": "GPU-0a1b2c3d-0000-1111-2222-333344445555",
+    "name": "NVIDIA A100-SXM4-80GB",
+    "minor_number": 3,
+    "pci_bus_id": "00000000:3B:00.0",
+    "memory_total_bytes": 80 * GIB,
+    "memory_used_bytes": 30 * GIB,
+    "utilization_gpu": 87,
+    "utilization_memory": 41,
+    "power_usage_milliwatts": 312_500,
+    "temperature_celsius": 64,
+    "sm_clock_mhz": 1410,
+    "memory_clock_mhz": 1593,
+    "encoder_utilization": 5,
+    "decoder_utilization": 7,
+    "ecc_corrected": 12,
+    "ecc_uncorrected": 1,
+    "clocks_event_reasons": 0x4,
+    "processes": [
+        {"pid": 4100, "used_memory_bytes": 20 * GIB, "sm_util": 60, "cgroup": "0::/\n"},
+        {"pid": 4200, "used_memory_bytes": 10 * GIB, "sm_util": 25, "type": "graphics"},
+    ],
+}
+GPU1: dict[str, Any] = {
+    "uuid": "GPU-ffffeeee-dddd-cccc-bbbb-aaaa99998888",
+    "name": "NVIDIA H100 80GB HBM3",
+    "minor_number": 0,
+    "pci_bus_id": "00000000:86:00.0",
+    "memory_total_bytes": 80 * GIB,
+    "memory_used_bytes": 2 * GIB,
+    "utilization_gpu": 10,
+    "utilization_memory": 3,
+    "power_usage_milliwatts": 95_000,
+    "temperature_celsius": 40,
+    "processes": [{"pid": 5100, "used_memory_bytes": 2 * GIB, "sm_util": 10}],
+}
+
+
+def scenario(*devices: dict[str, Any], **nvml: Any) -> dict[str, Any]:
+    """A scenario document (deep-copied devices, so tests may edit them)."""
+    doc: dict[str, Any] = {"node": "node-a", "devices": [copy.deepcopy(d) for d in devices]}
+    if nvml:
+        doc["nvml"] = nvml
+    return doc
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Harness:
+    """Loads the fake with a scenario and builds backends on an injected clock."""
+
+    def __init__(self, libs: dict[str, Path], tmp_path: Path, stack: ExitStack) -> None:
+        self.libs = libs
+        self.tmp_path = tmp_path
+        self.stack = stack
+        self.clock = Clock()
+
+    def start(self, doc: dict[str, Any], *, library: str | None = None,
+              **backend_args: Any) -> tuple[NvmlBackend, FakeNvml]:
+        if library is None:
+            library = "old" if (doc.get("nvml") or {}).get("old_driver") else "current"
+        config = write_config(doc, self.tmp_path / "fake_nvml.cfg")
+        fake = self.stack.enter_context(fake_nvml_loaded(self.libs[library], config))
+        backend = NvmlBackend(clock=self.clock, wall_clock=lambda: 1_700_000_000.0, **backend_args)
+        self.stack.callback(backend.close)  # runs before the fake is unloaded
+        return backend, fake
+
+
+@pytest.fixture(scope="session")
+def fake_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("fake_nvml")
+    return {"current": build_fake_nvml(base / "current"),
+            "old": build_fake_nvml(base / "old", old_driver=True)}
+
+
+@pytest.fixture
+def nvml(fake_libs: dict[str, Path], tmp_path: Path) -> Iterator[Harness]:
+    with ExitStack() as stack:
+        yield Harness(fake_libs, tmp_path, stack)
+
+
+def expected_device(index: int, d: dict[str, Any]) -> DeviceSample:
+    """What a clean first cycle must read for scenario device ``d`` (auto clock, tick 1)."""
+    procs = sorted(d.get("processes", []), key=lambda p: p["pid"])
+    return DeviceSample(
+        index=index, uuid=d["uuid"], name=d["name"], minor_number=d["minor_number"],
+        pci_bus_id=d["pci_bus_id"],
+        memory_total_bytes=d["memory_total_bytes"], memory_used_bytes=d["memory_used_bytes"],
+        utilization_gpu=d["utilization_gpu"], utilization_memory=d["utilization_memory"],
+        power_usage_milliwatts=d["power_usage_milliwatts"], temperature_celsius=d["temperature_celsius"],
+        sm_clock_mhz=d.get("sm_clock_mhz"), memory_clock_mhz=d.get("memory_clock_mhz"),
+        encoder_utilization=d.get("encoder_utilization"), decoder_utilization=d.get("decoder_utilization"),
+        ecc_corrected_total=d.get("ecc_corrected"), ecc_uncorrected_total=d.get("ecc_uncorrected"),
+        clocks_event_reasons=d.get("clocks_event_reasons"),
+        processes=tuple(ProcessUsage(p["pid"], p["used_memory_bytes"], p.get("type", "compute"))
+                        for p in procs),
+        util_samples=tuple(UtilSample(p["pid"], TICK_US, p["sm_util"]) for p in procs if p["sm_util"]),
+    )
+
+
+def gpu0_util(tick: int) -> tuple[UtilSample, ...]:
+    """GPU0's util samples of one tick."""
+    return (UtilSample(4100, tick * TICK_US, 60), UtilSample(4200, tick * TICK_US, 25))
+
+
+def counting_wrapper(real: Any, name: str, log: list[str]) -> Any:
+    """``real`` that appends ``name`` to ``log`` on each call."""
+    def wrapper(*args: Any) -> Any:
+        log.append(name)
+        return real(*args)
+    return wrapper
+
+
+def test_device_fields_equal_the_scenario(nvml: Harness) -> None:
+    backend, _ = nvml.start(scenario(GPU0, GPU1, driver_version="550.54.15"))
+    s = backend.sample()
+    assert s.nvml_up
+    assert s.driver_version == "550.54.15"
+    assert s.timestamp == 1_700_000_000.0
+    assert s.duration_seconds >= 0.0
+    assert s.devices == (expected_device(0, GPU0), expected_device(1, GPU1))
+    assert dict(s.errors) == {}
+
+
+def test_the_simulated_node_reads_the_same_scenario_alike(nvml: Harness) -> None:
+    simulate = pytest.importorskip("exporter.simulate")
+    doc = scenario(GPU0, GPU1)
+    backend, _ = nvml.start(doc)
+    simulated = simulate.SimulatedBackend(simulate.parse_scenario(doc))
+    for _ in range(3):  # the util sample timestamps advance alike too
+        assert backend.sample().devices == simulated.sample().devices
+
+
+def test_process_memory_not_available_is_none_and_mps_clients_count_once(nvml: Harness) -> None:
+    gpu = dict(GPU0, memory_used_bytes=None, processes=[
+        {"pid": 10, "used_memory_bytes": None, "sm_util": 0},
+        {"pid": 20, "used_memory_bytes": 5 * GIB, "sm_util": 0, "type": "mps"},
+        {"pid": 30, "used_memory_bytes": None, "sm_util": 0, "type": "graphics"},
+    ])
+    backend, _ = nvml.start(scenario(gpu))
+    d = backend.sample().devices[0]
+    assert d.memory_used_bytes is None  # NVML_VALUE_NOT_AVAILABLE in nvmlMemory_t.used
+    assert d.memory_total_bytes == 80 * GIB
+    # pid 20 is listed by both the compute and the MPS call (nvidia-smi "M+C"): one entry, kind mps
+    assert d.processes == (ProcessUsage(10, None, "compute"), ProcessUsage(20, 5 * GIB, "mps"),
+                           ProcessUsage(30, None, "graphics"))
+    assert d.processes_ok
+
+
+def test_util_samples_are_returned_once_then_not_found_means_idle(nvml: Harness) -> None:
+    backend, fake = nvml.start(scenario(GPU0, clock="manual"))
+    start = backend.sample().devices[0]  # tick 0: the driver has measured nothing yet
+    assert (start.util_samples, start.util_samples_ok) == ((), True)
+    fake.advance(1)
+    first = backend.sample().devices[0]
+    assert first.util_samples == gpu0_util(tick=1)
+    assert fake.last_seen(0) == 0  # the whole buffer until a sample was seen
+
+    idle = backend.sample().devices[0]  # the fake's clock did not move: nothing newer
+    assert fake.last_seen(0) == TICK_US
+    assert idle.util_samples == ()
+    assert idle.util_samples_ok  # NotFound is an answer ("idle"), not a failure
+    assert backend.sample().errors == {}
+
+    fake.advance(2)  # two periods: two samples per process, none of the first one again
+    later = backend.sample().devices[0]
+    assert fake.last_seen(0) == TICK_US
+    assert [(u.pid, u.timestamp_us) for u in later.util_samples] == [
+        (4100, 2 * TICK_US), (4100, 3 * TICK_US), (4200, 2 * TICK_US), (4200, 3 * TICK_US)]
+    backend.sample()
+    assert fake.last_seen(0) == 3 * TICK_US
+
+
+def test_last_seen_is_tracked_per_device(nvml: Harness) -> None:
+    backend, fake = nvml.start(scenario(GPU0, GPU1))
+    for cycle in range(1, 4):
+        s = backend.sample()
+        assert [fake.last_seen(i) for i in (0, 1)] == [(cycle - 1) * TICK_US] * 2
+        for d in s.devices:
+            assert {u.timestamp_us for u in d.util_samples} == {cycle * TICK_US}
+
+
+def test_not_supported_fields_are_none_and_not_errors(nvml: Harness) -> None:
+    every = ["power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
+             "clocks_event_reasons", "process_utilization", "memory"]
+    sparse = {k: v for k, v in GPU1.items() if k in ("uuid", "name", "processes")}  # optional values absent
+    backend, _ = nvml.start(scenario(dict(GPU0, not_supported=every), sparse))
+    s = backend.sample()
+    assert dict(s.errors) == {}
+    blank = dict.fromkeys(
+        ("memory_total_bytes", "memory_used_bytes", "utilization_gpu", "utilization_memory",
+         "power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
+         "encoder_utilization", "decoder_utilization", "ecc_corrected_total", "ecc_uncorrected_total",
+         "clocks_event_reasons"))
+    d0, d1 = s.devices
+    assert d0 == replace(expected_device(0, GPU0), **blank, util_samples=(), util_samples_ok=False)
+    # absent values read as NotSupported too; identity falls back to the simulated node's defaults
+    assert d1 == DeviceSample(index=1, uuid=GPU1["uuid"], name=GPU1["name"], minor_number=1,
+                              pci_bus_id="00000000:02:00.0", processes=(ProcessUsage(5100, 2 * GIB),),
+                              util_samples=(UtilSample(5100, TICK_US, 10),))
+
+
+def test_other_errors_are_counted_per_call_and_code(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_permission(*_: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("not an NVMLError")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", no_permission)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", broken)
+    backend, _ = nvml.start(scenario(GPU0))
+    backend.sample()
+    s = backend.sample()
+    assert s.devices[0] == replace(expected_device(0, GPU0), temperature_celsius=None,
+                                   power_usage_milliwatts=None, util_samples=gpu0_util(tick=2))
+    assert dict(s.errors) == {("nvmlDeviceGetTemperature", "NVMLError_NoPermission"): 2,
+                              ("nvmlDeviceGetPowerUsage", "RuntimeError"): 2}
+
+
+def test_failed_process_list_is_not_reported_as_complete(nvml: Harness,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def unknown(*_: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses_v3", unknown)
+    backend, _ = nvml.start(scenario(GPU0))
+    d = backend.sample().devices[0]
+    assert not d.processes_ok  # attribution must not conclude "idle"
+    assert d.processes == (ProcessUsage(4200, 10 * GIB, "graphics"),)  # the lists that were read
+    assert d.util_samples_ok and d.util_samples
+    assert dict(backend.sample().errors) == {("nvmlDeviceGetComputeRunningProcesses", "NVMLError_Unknown"): 2}
+
+
+def test_lost_gpu_is_marked_and_reprobed_with_backoff(nvml: Harness) -> None:
+    backend, fake = nvml.start(scenario(GPU0, dict(GPU1, lost_after_ticks=1)),
+                               lost_backoff_s=10.0, lost_backoff_max_s=15.0)
+    first = backend.sample()
+    assert first.devices[1] == expected_device(1, GPU1)
+
+    nvml.clock.now += 1
+    s = backend.sample()  # cycle 2: the device falls off the bus
+    assert s.devices[0] == replace(expected_device(0, GPU0), util_samples=gpu0_util(tick=2))
+    assert s.devices[1] == DeviceSample(index=1, uuid=GPU1["uuid"], name=GPU1["name"], minor_number=0,
+                                        pci_bus_id=GPU1["pci_bus_id"], lost=True, processes_ok=False,
+                                        util_samples_ok=False)
+    lost_key = ("nvmlDeviceGetProcessUtilization", "NVMLError_GpuIsLost")
+    assert dict(s.errors) == {lost_key: 1}
+
+    calls = fake.device_calls(1)
+    nvml.clock.now += 9.9  # inside the 10 s backoff: the lost device is not touched
+    s = backend.sample()
+    assert s.devices[1].lost and s.devices[0].util_samples
+    assert fake.device_calls(1) == calls
+
+    nvml.clock.now += 0.1  # backoff over: one probe, which fails on its first call
+    s = backend.sample()
+    assert s.devices[1].lost
+    assert fake.device_calls(1) == calls + 1
+    assert s.errors[("nvmlDeviceGetMemoryInfo", "NVMLError_GpuIsLost")] == 1
+
+    nvml.clock.now += 14.9  # the next wait doubled, capped at 15 s
+    backend.sample()
+    assert fake.device_calls(1) == calls + 1
+    nvml.clock.now += 0.1
+    backend.sample()
+    assert fake.device_calls(1) == calls + 2
+
+
+def test_gpu_lost_before_its_handle_was_read(nvml: Harness) -> None:
+    backend, fake = nvml.start(scenario(GPU0, dict(GPU1, lost_after_ticks=0), clock="manual"))
+    # another NVML user in the process initialised first; the GPU is lost before the backend starts
+    pynvml.nvmlInit()
+    fake.advance(1)
+    s = backend.sample()
+    pynvml.nvmlShutdown()
+    assert s.devices[1] == DeviceSample(index=1, uuid="", name="", lost=True, processes_ok=False,
+                                        util_samples_ok=False)
+    assert not s.devices[0].lost and s.devices[0].uuid == GPU0["uuid"]
+    assert dict(s.errors) == {("nvmlDeviceGetHandleByIndex", "NVMLError_GpuIsLost"): 1}
+
+
+@pytest.mark.parametrize(("nprocs", "growth", "calls"), [
+    (8, 7, 4),  # probe says 1, pynvml allocates 2*1+5=7 < 8: INSUFFICIENT_SIZE on the fetch, retried
+    (3, 1, 2),  # probe says 2, pynvml allocates 9: the fetch itself finds all 3
+])
+def test_processes_growing_between_probe_and_fetch_are_all_read(nvml: Harness, nprocs: int, growth: int,
+                                                                 calls: int) -> None:
+    procs = [{"pid": 100 + i, "used_memory_bytes": GIB, "sm_util": 0} for i in range(nprocs)]
+    backend, fake = nvml.start(scenario(dict(GPU1, processes=procs, process_growth=growth)))
+    d = backend.sample().devices[0]
+    assert fake.calls("nvmlDeviceGetComputeRunningProcesses_v3") == calls  # the fault did fire
+    assert d.processes_ok
+    assert [p.pid for p in d.processes] == [100 + i for i in range(nprocs)]
+    assert dict(backend.sample().errors) == {}
+
+
+def test_init_failing_recovers_with_exponential_backoff(nvml: Harness) -> None:
+    backend, fake = nvml.start(scenario(GPU0, init_failures=3), init_backoff_s=1.0, init_backoff_max_s=3.0)
+    clock = nvml.clock
+    start = clock.now
+
+    def at(offset: float) -> bool:
+        clock.now = start + offset
+        return backend.sample().nvml_up
+
+    attempts_at = []
+    for offset in (0, 0.5, 0.99, 1.0, 2.9, 2.99, 3.0, 5.0, 5.99, 6.0):  # due at 0, 1, 3 (+2), 6 (+3, capped)
+        before = fake.calls("nvmlInitWithFlags")
+        up = at(offset)
+        if fake.calls("nvmlInitWithFlags") != before:
+            attempts_at.append(offset)
+        assert up == (offset >= 6.0)
+    assert attempts_at == [0, 1.0, 3.0, 6.0]
+
+    s = backend.sample()
+    assert s.devices[0].uuid == GPU0["uuid"]
+    assert s.errors[("nvmlInit", "NVMLError_DriverNotLoaded")] == 3
+    assert fake.calls("nvmlInitWithFlags") == 4  # initialised once, never per sample
+
+
+def test_down_nvml_still_yields_a_sample(nvml: Harness) -> None:
+    backend, _ = nvml.start(scenario(GPU0, init_failures=1))
+    s = backend.sample()
+    assert not s.nvml_up and s.devices == ()
+    assert dict(s.errors) == {("nvmlInit", "NVMLError_DriverNotLoaded"): 1}
+
+
+def test_missing_library_is_reported_not_raised(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_library(*_: object, **__: object) -> None:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    nvml.start(scenario(GPU0))
+    monkeypatch.setattr(pynvml, "nvmlLib", None)
+    monkeypatch.setattr(pynvml, "CDLL", no_library)
+    backend = NvmlBackend(clock=nvml.clock)
+    s = backend.sample()
+    assert not s.nvml_up
+    assert dict(s.errors) == {("nvmlInit", "NVMLError_LibraryNotFound"): 1}
+
+
+@pytest.mark.parametrize("library", ["old", "current"], ids=["symbols-absent", "function-not-found"])
+def test_old_driver_falls_back_to_v2_process_calls_once(nvml: Harness, monkeypatch: pytest.MonkeyPatch,
+                                                        library: str) -> None:
+    v3_calls: list[str] = []
+    for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                 "nvmlDeviceGetMPSComputeRunningProcesses_v3"):
+        monkeypatch.setattr(pynvml, name, counting_wrapper(getattr(pynvml, name), name, v3_calls))
+
+    gpu = dict(GPU0, processes=[*GPU0["processes"], {"pid": 4300, "used_memory_bytes": None, "type": "mps"}])
+    backend, fake = nvml.start(scenario(gpu, old_driver=True), library=library)
+    first = backend.sample()
+    assert len(v3_calls) == 3  # tried once per list
+    again = backend.sample()
+    assert len(v3_calls) == 3  # and remembered
+    assert fake.calls("nvmlDeviceGetComputeRunningProcesses_v2") == 4  # probe + fetch, twice
+    for s in (first, again):
+        d = s.devices[0]
+        assert d.processes_ok
+        assert d.processes == (ProcessUsage(4100, 20 * GIB, "compute"),
+                               ProcessUsage(4200, 10 * GIB, "graphics"), ProcessUsage(4300, None, "mps"))
+        assert d.clocks_event_reasons == GPU0["clocks_event_reasons"]  # via the pre-530 name
+    assert dict(again.errors) == {}
+
+
+def test_close_shuts_nvml_down_once(nvml: Harness) -> None:
+    backend, fake = nvml.start(scenario(GPU0))
+    assert backend.sample().nvml_up
+    backend.close()
+    backend.close()
+    assert fake.calls("nvmlShutdown") == 1
+    s = backend.sample()
+    assert not s.nvml_up and s.devices == ()
+    assert fake.calls("nvmlInitWithFlags") == 1
