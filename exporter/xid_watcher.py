@@ -228,7 +228,9 @@ class XidWatcher:
         if self._thread is not None:
             self._thread.join(timeout)
         if self._planner is not None:
-            self._submit(self._planner.flush(self._clock()))
+            with self._lock:  # the thread may outlive a join timeout
+                writes = self._planner.flush(self._clock())
+            self._submit(writes)
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -280,7 +282,11 @@ class XidWatcher:
                 continue
             self._add(epipe=batch.epipe)
             for raw in batch.records:
-                self._handle(raw, parse_record(raw), live=True)
+                try:
+                    self._handle(raw, parse_record(raw), live=True)
+                except Exception:  # a bug on one record must not end the watcher
+                    log.exception("handling kmsg record %r", raw[:200])
+                    self._skip("internal_error")
             if self._planner is not None:
                 with self._lock:
                     writes = self._planner.tick(self._clock())

@@ -17,6 +17,7 @@ from exporter.xid import (
     bus_id_from_nvml,
     lookup,
     normalize_pci,
+    parse_gpu_announcement,
     parse_xid_line,
     scan_line,
 )
@@ -215,6 +216,16 @@ def test_scan_line_never_raises_on_nvrm_like_garbage(parts: list[str]) -> None:
         assert item.xid >= 0 and (item.pci is None or normalize_pci(item.pci) == item.pci)
     state2, _ = scan_line(state, line, device_pci="0000:3b:00")
     assert isinstance(state2, ScanState)
+
+
+@given(st.text(max_size=200))
+def test_line_parsers_never_raise_on_any_text(text: str) -> None:
+    prefixes = ("", "NVRM: Xid (", "NVRM: Xid (PCI:0000:3b:00): 31, ", "NVRM: GPU at PCI:")
+    for line in (p + text for p in prefixes):
+        rep = parse_xid_line(line)
+        assert rep is None or isinstance(rep, XidReport)
+        ann = parse_gpu_announcement(line)
+        assert ann is None or ann.uuid.startswith("GPU-")
 
 
 @given(st.text(max_size=40))
