@@ -14,7 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from kubernetes.client import EventsV1Api
+from kubernetes.client import ApiClient, EventsV1Api
 from kubernetes.client.exceptions import ApiException
 
 from exporter.xid_events import (
@@ -52,11 +52,15 @@ def is_transient(err: BaseException) -> bool:
 
 
 class EventsWriter:
-    """An :class:`EventsSink` posting to ``events.k8s.io/v1`` through ``EventsV1Api``."""
+    """An :class:`EventsSink` posting to ``events.k8s.io/v1`` through ``EventsV1Api``.
+
+    ``api`` may also be a plain ``ApiClient``. The worker thread starts with :meth:`start` (or the
+    first :meth:`submit`); :meth:`stop` is :meth:`close`.
+    """
 
     def __init__(
         self,
-        api: EventsV1Api,
+        api: EventsV1Api | ApiClient,
         namespace: str = EVENT_NAMESPACE,
         *,
         max_queue: int = 1000,
@@ -65,7 +69,7 @@ class EventsWriter:
         backoff_max: float = 30.0,
         request_timeout: float = 10.0,
     ) -> None:
-        self._api = api
+        self._api = EventsV1Api(api) if isinstance(api, ApiClient) else api
         self._namespace = namespace
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._max_attempts = max_attempts
@@ -76,11 +80,21 @@ class EventsWriter:
         self._retries = 0
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xid-events-writer", daemon=True)
-        self._thread.start()
+        self._start_lock = threading.Lock()
+        self._started = False
+
+    def start(self) -> None:
+        """Start the worker thread (idempotent)."""
+        with self._start_lock:
+            if not self._started and not self._closing.is_set():
+                self._started = True
+                self._thread.start()
 
     def submit(self, write: EventWrite) -> bool:
         """Queue ``write``; ``False`` (and counted as dropped) when the queue is full or closed."""
         if not self._closing.is_set():
+            if not self._started:
+                self.start()
             try:
                 self._queue.put_nowait(write)
                 return True
@@ -96,10 +110,17 @@ class EventsWriter:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop after the queued writes (retries are cut short); wait at most ``timeout``."""
-        self._closing.set()
+        with self._start_lock:
+            self._closing.set()
+            if not self._started:
+                return
         with contextlib.suppress(queue.Full):
             self._queue.put(_STOP, timeout=timeout)
         self._thread.join(timeout)
+
+    def stop(self) -> None:
+        """Same as :meth:`close` with the default timeout."""
+        self.close()
 
     def _count(self, **deltas: int) -> None:
         with self._lock:

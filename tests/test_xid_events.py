@@ -309,6 +309,17 @@ def test_writer_never_blocks_and_counts_queue_drops(double: ApiServerDouble) -> 
         writer.close()
 
 
+def test_writer_accepts_an_api_client_and_start_stop(double: ApiServerDouble) -> None:
+    writer = EventsWriter(api_client_for(double))
+    writer.start()
+    writer.start()
+    (create,) = EventPlanner("tok", 0.0).observe(occ(), 0.0)
+    assert writer.submit(create)
+    poll_until(lambda: writer.counts().posted == 1)
+    writer.stop()
+    assert not writer.submit(create) and writer.counts().dropped == 1  # closed: refused, counted
+
+
 def test_writer_survives_an_unreachable_server(double: ApiServerDouble) -> None:
     writer = make_writer(double, max_attempts=3)
     try:
