@@ -1,0 +1,292 @@
+"""PodWatcher against the API server double, through the real ``kubernetes`` client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.config.config_exception import ConfigException
+
+from exporter.pod_watcher import PodWatcher, PodWatcherStats, build_api_client, exponential_backoff
+from tests.k8s_double import ApiServerDouble, api_client_for, make_pod, poll_until
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServerDouble]:
+    with ApiServerDouble() as double:
+        yield double
+
+
+class RecordingBackoff:
+    """Short, deterministic delays; remembers what it was asked."""
+
+    def __init__(self, delay: float = 0.05) -> None:
+        self.delay, self.calls = delay, []
+
+    def __call__(self, failures: int) -> float:
+        self.calls.append(failures)
+        return self.delay
+
+
+@pytest.fixture
+def backoff() -> RecordingBackoff:
+    return RecordingBackoff()
+
+
+@pytest.fixture
+def watcher(api: ApiServerDouble, backoff: RecordingBackoff) -> Iterator[PodWatcher]:
+    w = PodWatcher(NODE, api_client_for(api), watch_timeout_seconds=30, request_timeout=5, backoff=backoff)
+    yield w
+    w.stop()
+
+
+def names(w: PodWatcher) -> set[str]:
+    return {p.name for p in w.view().pods.values()}
+
+
+def pod_lists(api: ApiServerDouble) -> list:
+    return [r for r in api.requests_to("GET", "/api/v1/pods") if r.query.get("watch") != "true"]
+
+
+def pod_watches(api: ApiServerDouble) -> list:
+    return [r for r in api.requests_to("GET", "/api/v1/pods") if r.query.get("watch") == "true"]
+
+
+def test_initial_list_only_this_node(api: ApiServerDouble, watcher: PodWatcher) -> None:
+    api.add_pod(make_pod("mine", node=NODE))
+    api.add_pod(make_pod("theirs", node="other-node"))
+    assert watcher.stats() == PodWatcherStats(0, None, False, {})
+    before = time.time()
+    watcher.start()
+    poll_until(lambda: watcher.stats().synced)
+    assert names(watcher) == {"mine"}
+    stats = watcher.stats()
+    assert stats.sync_errors == 0 and stats.last_sync_timestamp >= before
+    assert pod_lists(api)[0].query["fieldSelector"] == f"spec.nodeName={NODE}"
+    poll_until(lambda: pod_watches(api))
+    w = pod_watches(api)[0].query
+    assert w["fieldSelector"] == f"spec.nodeName={NODE}"
+    assert w["allowWatchBookmarks"] == "true" and w["timeoutSeconds"] == "30"
+    assert w["resourceVersion"] == watcher.view().resource_version
+
+
+def test_add_modify_delete_seen(api: ApiServerDouble, watcher: PodWatcher) -> None:
+    watcher.start()
+    poll_until(lambda: api.active_watches == 1)
+    api.add_pod(make_pod("p", node=NODE, phase="Pending", started=False))
+    poll_until(lambda: names(watcher) == {"p"})
+    assert watcher.view().by_container_id == {}
+    api.update_pod(make_pod("p", node=NODE))
+    poll_until(lambda: watcher.view().by_container_id)
+    (pod, container), *_ = watcher.view().by_container_id.values()
+    assert (pod.name, pod.phase, container.name) == ("p", "Running", "main")
+    api.add_pod(make_pod("elsewhere", node="other-node"))
+    api.delete_pod("default", "p")
+    poll_until(lambda: names(watcher) == set())
+    assert len(pod_lists(api)) == 1  # all of it through one watch
+    assert watcher.stats().sync_errors == 0
+
+
+def test_clean_watch_end_resumes_without_relist(api: ApiServerDouble, watcher: PodWatcher) -> None:
+    watcher.start()
+    poll_until(lambda: api.active_watches == 1)
+    api.close_watches()  # as at the server's timeoutSeconds
+    poll_until(lambda: len(pod_watches(api)) == 2 and api.active_watches == 1)
+    api.add_pod(make_pod("after", node=NODE))
+    poll_until(lambda: names(watcher) == {"after"})
+    assert len(pod_lists(api)) == 1
+    assert watcher.stats().sync_errors == 0
+
+
+def test_410_relists_and_loses_nothing(api: ApiServerDouble, watcher: PodWatcher) -> None:
+    api.add_pod(make_pod("stays", node=NODE))
+    api.add_pod(make_pod("goes", node=NODE))
+    watcher.start()
+    poll_until(lambda: api.active_watches == 1)
+    api.expire_next_watch()
+    api.close_watches()
+    # Changes while the watcher is between watches: the relist must pick them up.
+    api.delete_pod("default", "goes")
+    api.add_pod(make_pod("new", node=NODE))
+    poll_until(lambda: names(watcher) == {"stays", "new"})
+    poll_until(lambda: len(pod_lists(api)) == 2)
+    stats = watcher.stats()
+    assert stats.sync_errors == 0 and stats.synced  # 410 is routine, not an error
+
+
+def test_410_from_compaction(api: ApiServerDouble, watcher: PodWatcher) -> None:
+    watcher.start()
+    poll_until(lambda: api.active_watches == 1)
+    api.go_offline()  # keep the watcher from resuming while history is compacted
+    api.add_pod(make_pod("during", node=NODE))
+    api.compact()
+    api.come_back()
+    poll_until(lambda: names(watcher) == {"during"})
+    # Whichever came first (a failed relist, or a watch from the compacted version that got 410),
+    # the watcher ended up relisting.
+    assert len(pod_lists(api)) >= 2
+
+
+def test_outage_keeps_last_good_view_and_recovers(
+    api: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
+) -> None:
+    api.add_pod(make_pod("a", node=NODE))
+    api.add_pod(make_pod("b", node=NODE))
+    watcher.start()
+    poll_until(lambda: names(watcher) == {"a", "b"})
+    good_view = watcher.view()
+    synced_at = watcher.stats().last_sync_timestamp
+    api.go_offline()
+    poll_until(lambda: watcher.stats().sync_errors >= 2)
+    stats = watcher.stats()
+    assert not stats.synced
+    assert watcher.view() is good_view  # the last good cache, untouched
+    assert stats.last_sync_timestamp == synced_at
+    assert backoff.calls[:2] == [1, 2]  # growing backoff while failing
+    api.delete_pod("default", "a")
+    api.add_pod(make_pod("c", node=NODE))
+    api.come_back()
+    poll_until(lambda: names(watcher) == {"b", "c"})
+    poll_until(lambda: watcher.stats().synced)
+    assert watcher.stats().last_sync_timestamp > synced_at
+
+
+def test_server_errors_counted_then_synced(
+    api: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
+) -> None:
+    api.add_pod(make_pod("a", node=NODE))
+    api.fail_next(3)
+    watcher.start()
+    poll_until(lambda: watcher.stats().synced)
+    assert watcher.stats().sync_errors == 3
+    assert backoff.calls == [1, 2, 3]
+    assert names(watcher) == {"a"}
+
+
+def test_malformed_pod_counted_not_crashing(api: ApiServerDouble, watcher: PodWatcher) -> None:
+    bad = make_pod("bad", node=NODE)
+    bad["spec"]["containers"] = "garbage"
+    api.add_pod(bad)
+    api.add_pod(make_pod("good", node=NODE))
+    watcher.start()
+    poll_until(lambda: watcher.stats().synced)
+    assert names(watcher) == {"good"}
+    assert watcher.stats().skips == {"containers_invalid": 1}
+    bad2 = make_pod("bad2", node=NODE)
+    bad2["status"]["containerStatuses"][0]["containerID"] = "containerd://short"
+    api.add_pod(bad2)
+    poll_until(lambda: "bad2" in names(watcher))
+    assert watcher.stats().skips == {"containers_invalid": 1, "container_id_invalid": 1}
+    api.add_pod(make_pod("later", node=NODE))
+    poll_until(lambda: "later" in names(watcher))
+    assert watcher.stats().sync_errors == 0
+
+
+def test_pages_are_followed(api: ApiServerDouble, backoff: RecordingBackoff) -> None:
+    for i in range(5):
+        api.add_pod(make_pod(f"p{i}", node=NODE))
+    w = PodWatcher(NODE, api_client_for(api), page_size=2, backoff=backoff)
+    w.start()
+    try:
+        poll_until(lambda: w.stats().synced)
+        assert names(w) == {f"p{i}" for i in range(5)}
+        lists = pod_lists(api)
+        assert [r.query["limit"] for r in lists] == ["2", "2", "2"]
+        assert "continue" in lists[1].query
+    finally:
+        w.stop()
+
+
+def test_stop_is_prompt_during_a_long_watch(api: ApiServerDouble, backoff: RecordingBackoff) -> None:
+    w = PodWatcher(NODE, api_client_for(api), watch_timeout_seconds=600, backoff=backoff)
+    w.start()
+    poll_until(lambda: api.active_watches == 1)
+    t0 = time.monotonic()
+    w.stop()
+    assert time.monotonic() - t0 < 2
+    assert w._thread is None
+    assert w.stats().sync_errors == 0  # closing the stream is not an error
+
+
+def test_stop_during_backoff_is_prompt(api: ApiServerDouble) -> None:
+    api.go_offline()
+    w = PodWatcher(NODE, api_client_for(api), backoff=lambda n: 60.0)
+    w.start()
+    poll_until(lambda: w.stats().sync_errors == 1)
+    t0 = time.monotonic()
+    w.stop()
+    assert time.monotonic() - t0 < 2
+
+
+def test_exponential_backoff_grows_and_caps() -> None:
+    b = exponential_backoff(initial=1.0, maximum=8.0, jitter=0.0)
+    assert [b(n) for n in (1, 2, 3, 4, 5, 100)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    j = exponential_backoff(initial=1.0, maximum=8.0, jitter=0.2)
+    assert all(0.8 <= j(1) <= 1.2 for _ in range(50))
+
+
+# ------------------------------------------------------------------ build_api_client
+
+
+@pytest.fixture
+def no_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t0ken"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+def test_build_api_client_explicit_url_wins(no_cluster: Path, api: ApiServerDouble) -> None:
+    write_kubeconfig(no_cluster / "kc", "http://127.0.0.1:1")
+    c = build_api_client(api.url + "/", str(no_cluster / "kc"))
+    assert c.configuration.host == api.url
+    api.add_pod(make_pod("x", node=NODE))
+    w = PodWatcher(NODE, c, backoff=RecordingBackoff())
+    w.start()
+    try:
+        poll_until(lambda: names(w) == {"x"})
+    finally:
+        w.stop()
+
+
+def test_build_api_client_kubeconfig_path(no_cluster: Path, api: ApiServerDouble) -> None:
+    c = build_api_client(None, str(write_kubeconfig(no_cluster / "kc", api.url)))
+    assert c.configuration.host == api.url
+    assert "Bearer t0ken" in c.configuration.api_key.values()
+
+
+def test_build_api_client_falls_back_to_kubeconfig_env_then_home(
+    no_cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_kubeconfig(no_cluster / ".kube" / "config", "https://home.example:6443")
+    assert build_api_client(None, None).configuration.host == "https://home.example:6443"
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(no_cluster / "env-kc", "https://env.example:6443")))
+    assert build_api_client(None, None).configuration.host == "https://env.example:6443"
+
+
+def test_build_api_client_nothing_configured(no_cluster: Path) -> None:
+    with pytest.raises(ConfigException, match="--kube-api-url"):
+        build_api_client(None, None)
