@@ -107,9 +107,9 @@ def _env(value: Any, issues: list[str]) -> Mapping[str, str]:
 
 
 def parse_container_id(raw: Any) -> tuple[str | None, str | None]:
-    """``containerd://<64hex>`` (or cri-o://, docker://) -> (lowercase 64 hex, None).
+    """``containerd://<64hex>`` (or cri-o://, docker://, or bare hex) -> (lowercase 64 hex, None).
 
-    Returns (None, issue) for something that is not a runtime-prefixed 64-hex ID, and (None, None)
+    Returns (None, issue) for anything whose ID part is not exactly 64 hex digits, and (None, None)
     when there is no ID yet (container not started).
     """
     if raw is None or raw == "":

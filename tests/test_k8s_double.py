@@ -152,6 +152,15 @@ def test_watch_without_resource_version_starts_with_synthetic_adds(
     assert seen == ["ADDED"]
 
 
+def test_namespaced_watch_with_watch_1(api: ApiServerDouble) -> None:
+    api.add_pod(make_pod("a", namespace="ml"))
+    api.add_pod(make_pod("b", namespace="default"))
+    url = f"{api.url}/api/v1/namespaces/ml/pods?watch=1&timeoutSeconds=1"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        lines = [json.loads(line) for line in resp.read().splitlines() if line]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [("ADDED", "a")]
+
+
 def test_watch_from_compacted_resource_version_gets_410(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
     rv = v1.list_pod_for_all_namespaces().metadata.resource_version
     api.add_pod(make_pod("p", node=NODE))

@@ -26,7 +26,8 @@ class RecordingBackoff:
     """Short, deterministic delays; remembers what it was asked."""
 
     def __init__(self, delay: float = 0.05) -> None:
-        self.delay, self.calls = delay, []
+        self.delay = delay
+        self.calls: list[int] = []
 
     def __call__(self, failures: int) -> float:
         self.calls.append(failures)
