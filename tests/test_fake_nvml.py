@@ -1,0 +1,192 @@
+"""The fake libnvidia-ml.so.1 itself: NVML protocols, error strings, events, loading, the converter."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+import tests.fake_nvml as fake_nvml
+from tests.fake_nvml import (
+    TICK_US,
+    FakeNvml,
+    FakeNvmlError,
+    build_fake_nvml,
+    config_text,
+    fake_nvml_loaded,
+    subprocess_env,
+    write_config,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+GPU = {"uuid": "GPU-1", "name": "Fake GPU", "memory_total_bytes": 100, "memory_used_bytes": 10,
+       "processes": [{"pid": 7, "used_memory_bytes": 10, "sm_util": 50}]}
+
+
+@pytest.fixture(scope="session")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
+
+
+@pytest.fixture
+def loaded(lib: Path, tmp_path: Path) -> Iterator[tuple[FakeNvml, Path]]:
+    config = write_config({"devices": [GPU]}, tmp_path / "fake.cfg")
+    with fake_nvml_loaded(lib, config) as fake:
+        yield fake, config
+
+
+def raw_call(fake: FakeNvml, name: str, *args: Any) -> int:
+    """The C return code of one call, bypassing pynvml's wrapper."""
+    return int(getattr(fake.lib, name)(*args))
+
+
+def test_calls_before_init_are_uninitialized(loaded: tuple[FakeNvml, Path]) -> None:
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlShutdown()
+
+
+def test_error_strings_are_nvmls(loaded: tuple[FakeNvml, Path]) -> None:
+    for code, text in pynvml.NVMLError._errcode_to_string.items():
+        if code in (pynvml.NVML_ERROR_IN_USE, pynvml.NVML_ERROR_NO_DATA):
+            continue  # not in the strings table the fake carries
+        assert pynvml.nvmlErrorString(code) == text
+    assert pynvml.nvmlErrorString(123456) == "Unknown Error"
+
+
+def test_init_is_reference_counted_and_reinit_rereads_the_config(loaded: tuple[FakeNvml, Path]) -> None:
+    fake, config = loaded
+    pynvml.nvmlInit()
+    pynvml.nvmlInit()
+    pynvml.nvmlShutdown()
+    assert pynvml.nvmlDeviceGetCount() == 1  # still initialised: one reference left
+    config.write_text(config_text({"devices": [GPU, dict(GPU, uuid="GPU-2")]}))
+    pynvml.nvmlShutdown()
+    pynvml.nvmlInit()
+    assert pynvml.nvmlDeviceGetCount() == 2
+    pynvml.nvmlShutdown()
+    assert fake.calls("nvmlInitWithFlags") == 3
+
+
+def test_process_list_size_probe_protocol(loaded: tuple[FakeNvml, Path]) -> None:
+    fake, config = loaded
+    config.write_text(config_text({"devices": [dict(GPU, processes=[
+        {"pid": 1, "used_memory_bytes": 1}, {"pid": 2, "used_memory_bytes": None}])]}))
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    fn = "nvmlDeviceGetComputeRunningProcesses_v3"
+    count = ctypes.c_uint(0)
+    assert raw_call(fake, fn, h, ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert count.value == 2
+    one = (pynvml.c_nvmlProcessInfo_v3_t * 1)()
+    count.value = 1
+    assert raw_call(fake, fn, h, ctypes.byref(count), one) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    assert count.value == 2
+    infos = (pynvml.c_nvmlProcessInfo_v3_t * 4)()
+    count.value = 4
+    assert raw_call(fake, fn, h, ctypes.byref(count), infos) == pynvml.NVML_SUCCESS
+    assert count.value == 2
+    assert [(i.pid, i.usedGpuMemory, i.gpuInstanceId) for i in infos[:2]] == [
+        (1, 1, 0xFFFFFFFF), (2, 0xFFFFFFFFFFFFFFFF, 0xFFFFFFFF)]
+    # an empty list answers the probe with SUCCESS and 0
+    count.value = 0
+    assert raw_call(fake, "nvmlDeviceGetGraphicsRunningProcesses_v3", h, ctypes.byref(count), None) == 0
+    assert count.value == 0
+    pynvml.nvmlShutdown()
+
+
+def test_util_not_found_when_nothing_is_newer(loaded: tuple[FakeNvml, Path]) -> None:
+    fake, _ = loaded
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    (sample,) = pynvml.nvmlDeviceGetProcessUtilization(h, 0)  # auto clock: this probe is tick 1
+    assert (sample.pid, sample.timeStamp, sample.smUtil, sample.memUtil) == (7, TICK_US, 50, 0)
+    assert fake.tick(0) == 1
+    # the probe of the next call moves to tick 2; nothing is newer than tick 2's sample after it
+    assert [s.timeStamp for s in pynvml.nvmlDeviceGetProcessUtilization(h, 0)] == [TICK_US, 2 * TICK_US]
+    count = ctypes.c_uint(4)
+    buf = (pynvml.c_nvmlProcessUtilizationSample_t * 4)()
+    assert raw_call(fake, "nvmlDeviceGetProcessUtilization", h, buf, ctypes.byref(count),
+                    ctypes.c_ulonglong(2 * TICK_US)) == pynvml.NVML_ERROR_NOT_FOUND
+    assert raw_call(fake, "nvmlDeviceGetProcessUtilization", h, buf, ctypes.byref(count),
+                    ctypes.c_ulonglong(TICK_US)) == pynvml.NVML_SUCCESS
+    assert (count.value, buf[0].timeStamp) == (1, 2 * TICK_US)  # the fetch (non-NULL buffer) kept tick 2
+    pynvml.nvmlShutdown()
+
+
+def test_xid_events_are_delivered_once_at_their_tick(lib: Path, tmp_path: Path) -> None:
+    doc = {"nvml": {"clock": "manual"},
+           "devices": [dict(GPU, xid_events=[{"tick": 2, "xid": 79}, {"tick": 2, "xid": 48}])]}
+    with fake_nvml_loaded(lib, write_config(doc, tmp_path / "xid.cfg")) as fake:
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        events = pynvml.nvmlEventSetCreate()
+        supported = pynvml.nvmlDeviceGetSupportedEventTypes(h)
+        pynvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError & supported, events)
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(events, 5)
+        fake.advance(2)
+        got = [pynvml.nvmlEventSetWait_v2(events, 5) for _ in range(2)]
+        assert [(e.eventType, e.eventData) for e in got] == [(pynvml.nvmlEventTypeXidCriticalError, 79),
+                                                              (pynvml.nvmlEventTypeXidCriticalError, 48)]
+        assert ctypes.cast(got[0].device, ctypes.c_void_p).value == ctypes.cast(h, ctypes.c_void_p).value
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(events, 5)
+        pynvml.nvmlEventSetFree(events)
+        pynvml.nvmlShutdown()
+
+
+def test_a_child_process_loads_the_fake_by_soname(lib: Path, tmp_path: Path) -> None:
+    config = write_config({"nvml": {"driver_version": "535.104.05"}, "devices": [GPU]}, tmp_path / "c.cfg")
+    child = textwrap.dedent("""
+        import json
+        from exporter.nvml_backend import NvmlBackend
+        b = NvmlBackend()
+        s = b.sample()
+        b.close()
+        d = s.devices[0]
+        pids = [p.pid for p in d.processes]
+        print(json.dumps([s.nvml_up, s.driver_version, d.uuid, d.memory_used_bytes, pids]))
+    """)
+    out = subprocess.run([sys.executable, "-c", child], env=subprocess_env(lib.parent, config), cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(out.stdout) == [True, "535.104.05", "GPU-1", 10, [7]]
+
+
+def test_converter_rejects_what_the_fake_cannot_mean() -> None:
+    with pytest.raises(FakeNvmlError, match=r"devices\[0\]: unknown key\(s\) colour"):
+        config_text({"devices": [dict(GPU, colour="red")]})
+    with pytest.raises(FakeNvmlError, match="not_supported: unknown field 'fan'"):
+        config_text({"devices": [dict(GPU, not_supported=["fan"])]})
+    with pytest.raises(FakeNvmlError, match=r"nvml: unknown key\(s\) init_failure\b"):
+        config_text({"nvml": {"init_failure": 1}, "devices": []})
+    with pytest.raises(FakeNvmlError, match="'uuid' is required"):
+        config_text({"devices": [{"name": "x"}]})
+    # keys of the other consumers of the scenario are accepted and ignored
+    assert "pod" not in config_text({"node": "n", "node_labels": {}, "pods": [], "pod_resources": [],
+                                     "devices": []})
+
+
+def test_cli_converts_a_scenario_file(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("devices:\n  - {uuid: GPU-9, name: Nine, lost_after_ticks: 4}\n")
+    subprocess.run([sys.executable, "-m", "tests.fake_nvml", "convert", str(tmp_path / "s.yaml"),
+                    str(tmp_path / "s.cfg")], cwd=REPO, check=True, capture_output=True, timeout=60)
+    lines = (tmp_path / "s.cfg").read_text().splitlines()
+    assert {"device", "uuid GPU-9", "name Nine", "minor_number 0", "pci_bus_id 00000000:01:00.0",
+            "lost_after_ticks 4"} <= set(lines)
+
+
+def test_build_without_a_compiler_says_what_to_install(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fake_nvml.shutil, "which", lambda _name: None)
+    with pytest.raises(FakeNvmlError, match=r"install gcc \(apt-get install gcc\)"):
+        build_fake_nvml(tmp_path)
