@@ -16,12 +16,17 @@ Rules that shape this module (facts in the NVML reference notes):
   with exponential backoff, not every cycle.
 * Running processes come from the compute, graphics and MPS-compute lists (``_v3`` calls,
   falling back to ``_v2`` for good once a driver older than 510 lacks them). A pid in
-  several lists is reported once: its MPS entry wins, then compute, then graphics.
+  several lists is reported once: its MPS entry wins, then compute, then graphics; the
+  tuple is sorted by pid. ``processes_ok`` is False when a list could not be read (or the
+  compute list is NotSupported), so attribution never mistakes "unknown" for "idle".
 * Process utilization uses ``lastSeenTimeStamp`` = the newest sample timestamp seen on that
   device (0 at first, i.e. the driver's whole buffer). NotFound means "no newer sample":
   the device was idle, which is a valid empty answer, not an error. All samples newer than
   lastSeen are passed on, sorted by (pid, timestamp); combining several samples of one pid
-  is left to attribution.
+  is left to attribution. NotSupported here sets ``util_samples_ok=False`` (no samples then
+  proves nothing) without counting an error.
+* An unexpected exception outside NVML's error classes is counted under ``("sample_device",
+  name)`` (that device reports no values this cycle) or ``("sample", name)``.
 
 MIG is not handled yet: MIG devices are neither enumerated nor attributed.
 """
