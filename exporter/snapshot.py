@@ -8,10 +8,11 @@ members are one valid stream, which Go's and Python's readers accept).
 from __future__ import annotations
 
 import gzip
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from exporter.model import EMPTY, DeviceSample
@@ -33,19 +34,56 @@ class Snapshot:
     pid_owners: Mapping[int, tuple[str, str, str, str]] = field(default_factory=lambda: EMPTY)
 
 
-class _Static:
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = list(families)
+def go_float(value: float) -> str:
+    """Format like Go's ``strconv.FormatFloat(v, 'g', -1, 64)``, as Prometheus' own exporters do.
 
-    def collect(self) -> Iterable[Metric]:
-        return self._families
+    (``26000`` not ``26000.0``; ``1.5811477504e+10``): the seed's rows are compared byte for byte.
+    """
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == 0:
+        return "0"
+    d = Decimal(repr(float(value))).normalize()
+    sign, digits, exponent = d.as_tuple()
+    lead = exponent + len(digits) - 1  # decimal exponent of the first digit
+    prefix = "-" if sign else ""
+    if lead < -4 or lead >= 6:
+        mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+        return f"{prefix}{mantissa}e{'+' if lead >= 0 else '-'}{abs(lead):02d}"
+    return prefix + format(abs(d), "f")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_value(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def render(families: Iterable[Metric]) -> bytes:
-    """Prometheus text exposition (0.0.4) of the given families."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Static(families))
-    return generate_latest(registry)
+    """Prometheus text exposition (format 0.0.4) of the given families."""
+    out: list[str] = []
+    for fam in families:
+        name, kind = fam.name, fam.type
+        if kind == "counter":
+            name += "_total"  # client_python strips the suffix from counter family names
+        elif kind == "unknown":
+            kind = "untyped"
+        elif kind == "info":
+            name, kind = name + "_info", "gauge"
+        out.append(f"# HELP {name} {_escape_help(fam.documentation)}\n# TYPE {name} {kind}\n")
+        for sample in fam.samples:
+            if sample.name.endswith("_created"):
+                continue
+            if sample.labels:
+                labels = ",".join(f'{k}="{_escape_value(str(v))}"' for k, v in sample.labels.items())
+                out.append(f"{sample.name}{{{labels}}} {go_float(sample.value)}\n")
+            else:
+                out.append(f"{sample.name} {go_float(sample.value)}\n")
+    return "".join(out).encode()
 
 
 def make_snapshot(families: Iterable[Metric], built_at: float, devices: tuple[DeviceSample, ...] = (),
@@ -59,7 +97,7 @@ def age_text(snapshot: Snapshot, now: float) -> bytes:
     """The one family computed at scrape time."""
     age = max(0.0, now - snapshot.built_at)
     return (f"# HELP {AGE_FAMILY} Age of the served snapshot at scrape time\n"
-            f"# TYPE {AGE_FAMILY} gauge\n{AGE_FAMILY} {age!r}\n").encode()
+            f"# TYPE {AGE_FAMILY} gauge\n{AGE_FAMILY} {go_float(age)}\n").encode()
 
 
 def scrape_payload(snapshot: Snapshot, now: float, gzipped: bool) -> bytes:
