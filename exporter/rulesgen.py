@@ -153,6 +153,8 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "alloc_mem": f"max {by['N']}(nvidia_gpu_node_healthy_memory_bytes)",
         "node_used": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{device}}}))",
         "node_mem": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{device}}}))",
+        # every GPU the exporter reports, one series per card (value: its memory)
+        "cards": f"max {by['CARD']}(nvidia_gpu_memory_total_bytes)",
         "cluster_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_devices)) * 100",
         "cluster_mem_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_memory_bytes))",
         "cluster_used": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{device}}}))",
