@@ -217,9 +217,10 @@ class XidWatcher:
         if self._thread is not None:
             raise RuntimeError("XidWatcher already started")
         self._reader = self._opener(self.kmsg_path)
+        replay: list[tuple[bytes, KmsgRecord | None]] = []
         if not self._replay_from_start:
-            self._read_history()
-        self._thread = threading.Thread(target=self._run, name="xid-watcher", daemon=True)
+            replay = self._read_history()
+        self._thread = threading.Thread(target=self._run, args=(replay,), name="xid-watcher", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -255,7 +256,8 @@ class XidWatcher:
 
     # ------------------------------------------------------------------ reading
 
-    def _read_history(self) -> None:
+    def _read_history(self) -> list[tuple[bytes, KmsgRecord | None]]:
+        """Read what is there now; keep the GPU map from it, return the lookback part to replay."""
         assert self._reader is not None
         raws: list[bytes] = []
         while len(raws) < MAX_HISTORY_RECORDS:
@@ -266,12 +268,16 @@ class XidWatcher:
                 break
         parsed = [parse_record(raw) for raw in raws]
         first_new = replay_start(parsed, self._lookback)
-        for i, (raw, rec) in enumerate(zip(raws, parsed, strict=True)):
-            self._handle(raw, rec, live=i >= first_new)
+        for raw, rec in zip(raws[:first_new], parsed[:first_new], strict=True):
+            self._handle(raw, rec, live=False)
         self._add(history_skipped=first_new)
+        # Replayed on the thread: start() must not wait on the resolvers.
+        return list(zip(raws[first_new:], parsed[first_new:], strict=True))
 
-    def _run(self) -> None:
+    def _run(self, replay: list[tuple[bytes, KmsgRecord | None]]) -> None:
         assert self._reader is not None
+        for raw, rec in replay:
+            self._handle_safely(raw, rec)
         while not self._stop.is_set():
             try:
                 batch = self._reader.read_available(max_records=BATCH_RECORDS)
@@ -282,11 +288,7 @@ class XidWatcher:
                 continue
             self._add(epipe=batch.epipe)
             for raw in batch.records:
-                try:
-                    self._handle(raw, parse_record(raw), live=True)
-                except Exception:  # a bug on one record must not end the watcher
-                    log.exception("handling kmsg record %r", raw[:200])
-                    self._skip("internal_error")
+                self._handle_safely(raw, parse_record(raw))
             if self._planner is not None:
                 with self._lock:
                     writes = self._planner.tick(self._clock())
@@ -300,6 +302,13 @@ class XidWatcher:
             reader.wait_readable(self._poll_interval)
         else:
             self._stop.wait(self._poll_interval)
+
+    def _handle_safely(self, raw: bytes, rec: KmsgRecord | None) -> None:
+        try:
+            self._handle(raw, rec, live=True)
+        except Exception:  # a bug on one record must not end the watcher
+            log.exception("handling kmsg record %r", raw[:200])
+            self._skip("internal_error")
 
     def _handle(self, raw: bytes, rec: KmsgRecord | None, *, live: bool) -> None:
         self._add(records=1)

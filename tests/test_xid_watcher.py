@@ -177,6 +177,7 @@ def test_bounded_lookback_replays_only_recent_history(tmp_path: Path, stop_later
                                          (300_000_000, 45)])))
     w = watcher(path, lookback_seconds=15, stop_later=stop_later)
     assert w.stats().history_skipped == 2
+    poll_until(lambda: sum(w.stats().xid_counts.values()) == 2)
     assert sorted(k[2] for k in w.stats().xid_counts) == [43, 45]
 
 
