@@ -34,6 +34,15 @@ class Daemon:
     holder: SnapshotHolder
     sampler: SamplerThread
     closers: list[Callable[[], None]] = field(default_factory=list)
+    # Started after the first sampling cycle, so they can already resolve GPUs and pods.
+    late_starts: list[Callable[[], None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        """First cycle synchronously (the first scrape has data), then the background threads."""
+        self.sampler.run_once()
+        for start in self.late_starts:
+            start()
+        self.sampler.start()
 
     def close(self) -> None:
         self.sampler.stop()
@@ -95,11 +104,12 @@ def build_daemon(cfg: Config) -> Daemon:
         pod_resources = _pod_resources_source(cfg.pod_resources_socket)
 
     holder = SnapshotHolder(empty_snapshot(0.0))
-    xid_families = _xid(cfg, node, names, holder, api_client, closers)
+    late_starts: list[Callable[[], None]] = []
+    xid_families = _xid(cfg, node, names, holder, api_client, closers, late_starts)
     pipeline = Pipeline(backend, proc, pods, node, names, node_labels, pod_resources, xid_families,
                         cfg.per_process_metrics)
     sampler = SamplerThread(pipeline, holder, cfg.interval)
-    return Daemon(cfg, node, pipeline, holder, sampler, closers)
+    return Daemon(cfg, node, pipeline, holder, sampler, closers, late_starts)
 
 
 def _cluster_sources(cfg: Config, node: str, closers: list):
@@ -175,10 +185,10 @@ def _pod_resources_source(socket: str):
 
 
 def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_client,
-         closers: list) -> Callable[[], list]:
+         closers: list, late_starts: list) -> Callable[[], list]:
     """Start the Xid watcher when configured; return its metric families source."""
-    explicit_kmsg = "--kmsg-path" in sys.argv or "KUBE_GPU_EXPORTER_KMSG_PATH" in os.environ
-    if not cfg.xid or (cfg.simulate and not explicit_kmsg):
+    kmsg_path = cfg.kmsg_path or (None if cfg.simulate else "/dev/kmsg")
+    if not cfg.xid or kmsg_path is None:
         return list
     from exporter.xid import bus_id_from_nvml
     from exporter.xid_watcher import XidWatcher, xid_metric_families
@@ -198,10 +208,19 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
         sink = EventsWriter(api_client)
         sink.start()
         closers.append(sink.stop)
-    watcher = XidWatcher(cfg.kmsg_path, node, resolve_bus_id, resolve_pid, sink,
+    watcher = XidWatcher(kmsg_path, node, resolve_bus_id, resolve_pid, sink,
                          replay_from_start=cfg.kmsg_replay, lookback_seconds=cfg.xid_lookback)
-    watcher.start()
-    closers.append(watcher.stop)
+
+    def start() -> None:
+        try:
+            watcher.start()
+        except OSError as e:
+            # e.g. no CAP_SYSLOG with kernel.dmesg_restrict=1: GPU metrics matter more than Xids.
+            log.error("Xid watcher disabled: cannot read %s: %s", kmsg_path, e)
+            return
+        closers.append(watcher.stop)
+
+    late_starts.append(start)
     return lambda: xid_metric_families(watcher.stats(), node, names.pod, names.namespace, names.container)
 
 
@@ -211,8 +230,7 @@ def _serve(daemon: Daemon) -> int:
     from exporter.server import make_app
 
     host, port = daemon.config.host_port
-    daemon.sampler.run_once()  # the first scrape already has data
-    daemon.sampler.start()
+    daemon.start()
     app = make_app(daemon.holder, stale_after=max(60.0, 20 * daemon.config.interval))
     shown = f"[{host}]" if ":" in host else host
     print(f"kube-gpu-exporter: node {daemon.node_name}, serving http://{shown}:{port}/metrics",

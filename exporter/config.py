@@ -36,7 +36,7 @@ class Config:
     container_label: str
     per_process_metrics: bool
     xid: bool
-    kmsg_path: str
+    kmsg_path: str | None
     kmsg_replay: bool
     xid_lookback: float
     events: bool
@@ -79,7 +79,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--container-label", "container_name", "label name for the container"),
     Option("--per-process-metrics", False, "also export one row per GPU process", bool),
     Option("--xid", True, "watch the kernel log for NVIDIA Xid errors", bool),
-    Option("--kmsg-path", "/dev/kmsg", "kernel log device (or a file of kmsg records)"),
+    Option("--kmsg-path", None, "kernel log device or a file of kmsg records "
+           "(default /dev/kmsg; none under --simulate)"),
     Option("--kmsg-replay", False, "read the kmsg path from its start (default: only new records)", bool),
     Option("--xid-lookback", 0.0, "also report Xids logged up to this many seconds before start", float),
     Option("--events", True, "post Kubernetes Events for Xid errors", bool),
