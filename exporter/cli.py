@@ -1,7 +1,8 @@
 """Command line: wires the configured sources into the pipeline and serves it.
 
-``kube-gpu-exporter [flags]`` runs the exporter; ``kube-gpu-exporter rules ...`` renders the
-recording-rule bundle; ``kube-gpu-exporter render [flags]`` prints one exposition and exits.
+``kube-gpu-exporter [flags]`` runs the exporter; ``kube-gpu-exporter rules|alerts|dashboards ...``
+render the generated Prometheus rules, alerts and Grafana dashboards;
+``kube-gpu-exporter render [flags]`` prints one exposition and exits.
 """
 
 from __future__ import annotations
@@ -244,9 +245,11 @@ def _serve(daemon: Daemon) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "rules":
-        from exporter.rulesgen import main as rules_main
-        return rules_main(args[1:])
+    generators = {"rules": "exporter.rulesgen", "alerts": "exporter.alertsgen",
+                  "dashboards": "exporter.dashboardsgen"}
+    if args and args[0] in generators:
+        import importlib
+        return importlib.import_module(generators[args[0]]).main(args[1:])
     render_once = bool(args) and args[0] == "render"
     if render_once:
         args = args[1:]

@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kube-gpu-exporter",
         description="Per-container GPU metrics for a Kubernetes node. Subcommands: "
-        "'rules' renders the recording-rule bundle; 'render' prints one exposition and exits.",
+        "'rules', 'alerts' and 'dashboards' render the generated rules, alerts and Grafana dashboards; "
+        "'render' prints one exposition and exits.",
         epilog=f"Every flag can also be set with an environment variable: {ENV_PREFIX}<FLAG>, "
         f"e.g. {ENV_PREFIX}LISTEN.")
     for o in OPTIONS:
