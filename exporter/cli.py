@@ -60,9 +60,9 @@ def _static_pods(objs: Sequence[Mapping]) -> Callable[[], PodState]:
     store = PodStore()
     store.replace(list(objs), "1")
     view = store.view()
-    now = time.time()
     skips = dict(store.skips())
-    return lambda: PodState(view=view, synced=True, last_sync=now, sync_errors=0, skips=skips)
+    # A scenario's pods never go stale: the cache is current at every cycle.
+    return lambda: PodState(view=view, synced=True, last_sync=time.time(), sync_errors=0, skips=skips)
 
 
 def _empty_pods() -> Callable[[], PodState]:
@@ -237,7 +237,9 @@ def _serve(daemon: Daemon) -> int:
     print(f"kube-gpu-exporter: node {daemon.node_name}, serving http://{shown}:{port}/metrics",
           flush=True)
     try:
-        web.run_app(app, host=host, port=port, print=None, handle_signals=True)
+        # One access-log line per scrape is noise in production; keep it for --log-level debug.
+        access_log = log if daemon.config.log_level.lower() == "debug" else None
+        web.run_app(app, host=host, port=port, print=None, handle_signals=True, access_log=access_log)
     finally:
         daemon.close()
     return 0
