@@ -379,3 +379,13 @@ def test_any_valid_label_names_render_consistently(names: list[str], with_cluste
             assert not {"pod_name", "namespace_name", "container_name", "node_name"} & (
                 set(labels) - set(names)
             )
+
+
+def test_docs_list_every_series_and_the_regeneration_commands() -> None:
+    doc = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
+    for rule in _rules((RULES / "kube-gpu-exporter.rules.yaml").read_text()):
+        assert f"`{rule['record']}`" in doc, rule["record"]
+    for path, argv in COMMITTED.items():
+        assert path in doc
+        for arg in argv:
+            assert arg.replace("=", " ", 1) in doc or arg in doc, arg
