@@ -1,0 +1,500 @@
+"""The Helm chart (helm/kube-gpu-exporter), rendered offline with helm-python-sdk.
+
+helm-python-sdk cannot pass API versions to a render, so `.Capabilities.APIVersions` never holds
+monitoring.coreos.com/v1 here; the chart's `monitoring.assumeCRDsPresent` switch (meant for
+`helm template`/GitOps renders) stands in for "the Prometheus Operator CRDs are installed".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from functools import cache
+from pathlib import Path
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+from exporter.config import OPTIONS, load_config
+from exporter.rulesgen import RuleOptions, render_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "kube-gpu-exporter"
+RELEASE, NAMESPACE = "gpu", "monitoring"
+# Oldest Kubernetes the chart declares (Chart.yaml kubeVersion) and the newest schema available.
+KUBE_VERSIONS = ("1.25.0", "1.37.0")
+MONITORING_API = "monitoring.coreos.com/v1"
+WITH_CRDS = {"monitoring": {"assumeCRDsPresent": True}}
+PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"  # Debian's prometheus (scripts/test.sh)
+
+# Exporter flags the chart sets itself instead of through `config` (and how).
+CHART_SET_ENV = {"listen", "pod_resources_socket", "xid", "kmsg_path", "events"}
+CHART_SET_OTHER = {
+    "host_proc",  # --host-proc argument
+    "node_name",  # $NODE_NAME from the downward API
+    "simulate", "kube_api_url", "kubeconfig",  # not for a cluster deployment (in-cluster config)
+}
+
+
+def camel(dest: str) -> str:
+    head, *rest = dest.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+@cache
+def _render(values_json: str) -> tuple[tuple[str, str], ...]:
+    chart = helm_python.Chart.load(CHART)
+    out = chart.render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE)
+    return tuple(sorted(out.items()))
+
+
+def render(values: dict | None = None) -> list[dict]:
+    """Every object the chart renders for ``values`` (NOTES.txt excluded)."""
+    objs: list[dict] = []
+    for path, text in _render(json.dumps(values or {}, sort_keys=True)):
+        if path.endswith("NOTES.txt"):
+            continue
+        objs.extend(d for d in yaml.safe_load_all(text) if d)
+    return objs
+
+
+def notes(values: dict | None = None) -> str:
+    return dict(_render(json.dumps(values or {}, sort_keys=True)))[f"{CHART.name}/templates/NOTES.txt"]
+
+
+def by_kind(objs: list[dict], kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict], kind: str) -> dict:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def container(objs: list[dict]) -> dict:
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert len(pod["containers"]) == 1
+    return pod["containers"][0]
+
+
+def env_of(objs: list[dict]) -> dict[str, object]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(objs)["env"]}
+
+
+def rbac_rules(objs: list[dict]) -> set[tuple[str, str, str]]:
+    roles = by_kind(objs, "ClusterRole")
+    if not roles:
+        return set()
+    assert len(roles) == 1
+    return {(g, r, v) for rule in roles[0]["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
+
+
+ALL_ON = {
+    **WITH_CRDS,
+    "prometheusAdapter": {"configMap": {"enabled": True}},
+    "runtimeClassName": "nvidia",
+    "priorityClassName": "system-node-critical",
+    "podAnnotations": {"example.com/a": "b"},
+    "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    "serviceMonitor": {"labels": {"release": "kube-prometheus-stack"}, "honorLabels": True,
+                       "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                                        "targetLabel": "instance"}]},
+    "prometheusRule": {"labels": {"release": "kube-prometheus-stack"}},
+}
+VALUE_SETS = {
+    "default": {},
+    "all-on": ALL_ON,
+    "xid-off": {"xid": {"enabled": False}},
+    "xid-unprivileged": {"xid": {"privileged": False}},
+    "no-pod-resources-no-watch": {"podResources": {"enabled": False}, "config": {"podWatch": False}},
+    "no-rbac-no-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "gpu-sa"}},
+}
+
+
+# --------------------------------------------------------------------------------------------
+# lint and schema validation of every built-in object
+
+
+@pytest.mark.parametrize("values", [{}, ALL_ON], ids=["default", "all-on"])
+def test_helm_lint_strict_is_clean(values):
+    report = helm_python.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    # info ("icon is recommended") is fine; warnings and errors are not
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_every_builtin_object_passes_strict_schema_validation(name, kube_version):
+    objs = render(VALUE_SETS[name])
+    checked = 0
+    for obj in objs:
+        if obj["apiVersion"] == MONITORING_API:
+            continue  # CRDs: structure checked below
+        try:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+        checked += 1
+    assert checked >= 2  # at least the DaemonSet and the Service
+
+
+def test_kubernetes_validate_strict_catches_an_unknown_field():
+    # the check above is only worth something if strict mode rejects what an API server rejects
+    ds = one(render(), "DaemonSet")
+    ds["spec"]["template"]["spec"]["containers"][0]["hostProc"] = "/proc"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, KUBE_VERSIONS[-1], strict=True)
+
+
+def test_every_object_is_namespaced_in_the_release_namespace_or_cluster_scoped():
+    for obj in render(ALL_ON):
+        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            assert "namespace" not in obj["metadata"]
+        else:
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
+
+
+# --------------------------------------------------------------------------------------------
+# values schema <-> exporter flags
+
+
+def test_values_schema_config_keys_are_the_exporter_flags_the_chart_does_not_set():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config_keys = set(schema["properties"]["config"]["properties"])
+    option_keys = {camel(o.dest) for o in OPTIONS}
+    chart_set = {camel(d) for d in CHART_SET_ENV | CHART_SET_OTHER}
+    assert chart_set <= option_keys, "the chart sets a flag the exporter no longer has"
+    assert config_keys == option_keys - chart_set
+    assert schema["properties"]["config"]["additionalProperties"] is False
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["config"]) == config_keys
+    assert all(v is None for v in values["config"].values())  # the exporter's own defaults apply
+
+
+def test_schema_rejects_unknown_or_chart_managed_config_keys():
+    chart = helm_python.Chart.load(CHART)
+    for bad in ({"config": {"hostProc": "/x"}}, {"config": {"listen": ":1"}},
+                {"config": {"logLevel": "loud"}}, {"port": 0}):
+        with pytest.raises(helm_python.HelmValuesError):
+            chart.render(bad, name=RELEASE, namespace=NAMESPACE)
+
+
+# --------------------------------------------------------------------------------------------
+# DaemonSet
+
+
+def test_daemonset_mounts_host_proc_pod_resources_and_kmsg_read_only():
+    objs = render()
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container(objs)["volumeMounts"]}
+    assert volumes["host-proc"]["hostPath"] == {"path": "/proc", "type": "Directory"}
+    assert mounts["host-proc"] == {"name": "host-proc", "mountPath": "/host/proc", "readOnly": True}
+    assert volumes["pod-resources"]["hostPath"] == {"path": "/var/lib/kubelet/pod-resources",
+                                                     "type": "Directory"}
+    assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"] is True
+    assert volumes["kmsg"]["hostPath"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert mounts["kmsg"] == {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True}
+    # every hostPath mount is read-only; the only writable mount is the in-memory /tmp
+    for name, v in volumes.items():
+        if "hostPath" in v:
+            assert mounts[name]["readOnly"] is True, name
+    assert volumes["tmp"]["emptyDir"]["medium"] == "Memory"
+    # host /proc is mounted, so no host PID namespace; no host network either
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert "--host-proc=/host/proc" in container(objs)["args"]
+
+
+def test_daemonset_without_xid_or_pod_resources_has_neither_mount():
+    objs = render({"xid": {"enabled": False}, "podResources": {"enabled": False}})
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert {v["name"] for v in pod["volumes"]} == {"host-proc", "tmp"}
+    env = env_of(objs)
+    assert env["KUBE_GPU_EXPORTER_XID"] == "false"
+    assert env["KUBE_GPU_EXPORTER_EVENTS"] == "false"
+    assert env["KUBE_GPU_EXPORTER_POD_RESOURCES_SOCKET"] == ""
+    assert "KUBE_GPU_EXPORTER_KMSG_PATH" not in env
+
+
+def test_env_and_args_are_accepted_by_the_exporter_as_the_chart_means_them():
+    values = {"config": {"interval": 2.5, "podWatch": True, "perProcessMetrics": True,
+                         "kmsgReplay": False, "xidLookback": 30, "logLevel": "debug"},
+              "port": 9500}
+    objs = render(values)
+    c = container(objs)
+    env = env_of(objs)
+    exporter_env = {k: v for k, v in env.items() if k.startswith("KUBE_GPU_EXPORTER_")}
+    known = {o.env for o in OPTIONS}
+    assert set(exporter_env) <= known, f"unknown variables {set(exporter_env) - known}"
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    cfg = load_config(c["args"], environ=exporter_env)
+    assert cfg.host_proc == "/host/proc"
+    assert cfg.host_port == ("0.0.0.0", 9500)
+    assert cfg.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert (cfg.xid, cfg.events, cfg.kmsg_path) == (True, True, "/dev/kmsg")
+    assert (cfg.interval, cfg.pod_watch, cfg.per_process_metrics) == (2.5, True, True)
+    assert (cfg.kmsg_replay, cfg.xid_lookback, cfg.log_level) == (False, 30.0, "debug")
+    ports = c["ports"]
+    assert ports == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
+
+
+def test_every_config_key_maps_to_its_exporter_variable():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    samples = {"number": 1, "boolean": True, "string": "x_label"}
+    config = {}
+    for key, prop in schema["properties"]["config"]["properties"].items():
+        types = prop.get("type") or ["string"]
+        kind = next(t for t in (types if isinstance(types, list) else [types]) if t != "null")
+        config[key] = "info" if key == "logLevel" else samples[kind]
+    env = env_of(render({"config": config, "prometheusRule": {"enabled": False}}))
+    by_dest = {o.dest: o for o in OPTIONS}
+    for key, value in config.items():
+        dest = re.sub(r"([A-Z])", r"_\1", key).lower()
+        assert env[by_dest[dest].env] == (str(value).lower() if isinstance(value, bool) else str(value)), key
+
+
+def test_unset_config_leaves_the_exporter_defaults():
+    env = env_of(render())
+    set_by_chart = {f"KUBE_GPU_EXPORTER_{d.upper()}" for d in CHART_SET_ENV}
+    assert {k for k in env if k.startswith("KUBE_GPU_EXPORTER_")} == set_by_chart
+
+
+def test_probes_resources_and_no_gpu_request():
+    c = container(render())
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert set(c["resources"]) == {"requests", "limits"}
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    assert "memory" in c["resources"]["limits"]
+    # the exporter must see every GPU without taking one away from workloads
+    for section in c["resources"].values():
+        assert not any(k.startswith("nvidia.com/") for k in section)
+
+
+def test_security_context_privileged_for_kmsg_by_default():
+    sc = container(render())["securityContext"]
+    assert sc["privileged"] is True
+    # the API server rejects privileged together with allowPrivilegeEscalation=false
+    assert sc.get("allowPrivilegeEscalation") is not False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsUser"] == 0  # the kubelet's pod-resources socket is root's
+
+
+def test_security_context_without_privilege():
+    sc = container(render({"xid": {"enabled": False}}))["securityContext"]
+    assert "privileged" not in sc
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(render({"xid": {"privileged": False}}))["securityContext"]
+    assert "privileged" not in sc
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert sc["allowPrivilegeEscalation"] is False
+
+
+def test_scheduling_gpu_nodes_tolerations_runtime_class():
+    pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+    assert "nvidia.com/gpu.present" in keys
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    assert "runtimeClassName" not in pod
+    # Helm merges a user's map into the default one, so {} would keep the default affinity:
+    # null is what deletes it (as `--set affinity=null` does)
+    pod = one(render({"runtimeClassName": "nvidia", "affinity": None,
+                      "nodeSelector": {"gpu": "yes"}}), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert "affinity" not in pod
+    assert pod["nodeSelector"] == {"gpu": "yes"}
+
+
+def test_image_defaults_to_app_version_and_digest_wins():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert chart["appVersion"] == pyproject["project"]["version"]
+    assert container(render())["image"] == f"kube-gpu-exporter:{chart['appVersion']}"
+    digest = "sha256:" + "a" * 64
+    image = container(render({"image": {"repository": "r.example/kgx", "digest": digest}}))["image"]
+    assert image == f"r.example/kgx@{digest}"
+
+
+# --------------------------------------------------------------------------------------------
+# RBAC
+
+
+EVENTS = {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+PODS_NODES = {("", "pods", "list"), ("", "pods", "watch"), ("", "nodes", "get")}
+
+
+def test_rbac_is_exactly_what_the_exporter_needs():
+    objs = render()
+    assert rbac_rules(objs) == PODS_NODES | EVENTS
+    role = one(objs, "ClusterRole")
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames, no wildcards
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+    binding = one(objs, "ClusterRoleBinding")
+    sa = one(objs, "ServiceAccount")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({"xid": {"events": False}}, PODS_NODES),
+    ({"xid": {"enabled": False}}, PODS_NODES),
+    ({"config": {"podWatch": False}}, EVENTS),
+    ({"config": {"podWatch": False}, "xid": {"enabled": False}}, set()),
+    ({"rbac": {"create": False}}, set()),
+])
+def test_rbac_shrinks_with_the_features(values, expected):
+    objs = render(values)
+    assert rbac_rules(objs) == expected
+    assert len(by_kind(objs, "ClusterRoleBinding")) == (1 if expected else 0)
+
+
+def test_existing_service_account():
+    objs = render({"serviceAccount": {"create": False, "name": "gpu-sa"}})
+    assert by_kind(objs, "ServiceAccount") == []
+    assert one(objs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-sa"
+    assert one(objs, "ClusterRoleBinding")["subjects"][0]["name"] == "gpu-sa"
+
+
+# --------------------------------------------------------------------------------------------
+# Service, ServiceMonitor, PrometheusRule
+
+
+def test_headless_service_selects_the_daemonset_pods():
+    objs = render()
+    svc = one(objs, "Service")
+    ds = one(objs, "DaemonSet")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9400, "targetPort": "metrics",
+                                     "protocol": "TCP"}]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert ds["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+
+
+def test_monitoring_objects_only_with_the_crds_and_their_switches():
+    kinds = {o["kind"] for o in render()}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
+    assert "Xid" not in notes()  # sanity: NOTES render
+    assert "monitoring.coreos.com/v1 API (Prometheus Operator) was not found" in notes()
+    kinds = {o["kind"] for o in render(WITH_CRDS)}
+    assert {"ServiceMonitor", "PrometheusRule"} <= kinds
+    kinds = {o["kind"] for o in render({**WITH_CRDS, "serviceMonitor": {"enabled": False}})}
+    assert "ServiceMonitor" not in kinds and "PrometheusRule" in kinds
+    kinds = {o["kind"] for o in render({**WITH_CRDS, "prometheusRule": {"enabled": False}})}
+    assert "PrometheusRule" not in kinds and "ServiceMonitor" in kinds
+    kinds = {o["kind"] for o in render({**WITH_CRDS, "service": {"enabled": False}})}
+    assert not kinds & {"Service", "ServiceMonitor"}
+
+
+def test_the_gate_is_the_capability_check():
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert f'.Capabilities.APIVersions.Has "{MONITORING_API}"' in text
+    for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
+        assert 'include "kube-gpu-exporter.monitoringAPI"' in (CHART / "templates" / name).read_text()
+
+
+def test_servicemonitor_structure_and_options():
+    objs = render(ALL_ON)
+    sm = one(objs, "ServiceMonitor")
+    svc = one(objs, "Service")
+    assert sm["apiVersion"] == MONITORING_API
+    assert set(sm["spec"]) == {"jobLabel", "selector", "namespaceSelector", "endpoints"}
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (ep,) = sm["spec"]["endpoints"]
+    assert ep["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    assert ep["path"] == "/metrics"
+    assert ep["honorLabels"] is True
+    assert ep["relabelings"] == ALL_ON["serviceMonitor"]["relabelings"]
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert re.fullmatch(r"\d+[smh]", ep["interval"]) and re.fullmatch(r"\d+[smh]", ep["scrapeTimeout"])
+    ep = one(render(WITH_CRDS), "ServiceMonitor")["spec"]["endpoints"][0]
+    assert ep["honorLabels"] is False
+    assert "relabelings" not in ep and "metricRelabelings" not in ep
+
+
+def bundle_groups() -> list[dict]:
+    return yaml.safe_load(render_rules(RuleOptions()))["groups"]
+
+
+def test_prometheusrule_groups_equal_the_generated_bundle():
+    rule = one(render(ALL_ON), "PrometheusRule")
+    assert rule["apiVersion"] == MONITORING_API
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert set(rule["spec"]) == {"groups"}
+    assert rule["spec"]["groups"] == bundle_groups()
+    committed = yaml.safe_load((ROOT / "rules" / "kube-gpu-exporter.rules.yaml").read_text())
+    assert rule["spec"]["groups"] == committed["groups"]
+    for group in rule["spec"]["groups"]:
+        assert group["rules"], group["name"]
+        for r in group["rules"]:
+            assert set(r) <= {"record", "alert", "expr", "for", "labels", "annotations"}
+            assert "expr" in r and ("record" in r) != ("alert" in r)
+
+
+def test_chart_copy_of_the_rules_is_fresh():
+    copy = (CHART / "files" / "recording-rules.yaml").read_text()
+    assert copy == render_rules(RuleOptions()), "stale: run scripts/sync-chart-rules.sh"
+
+
+def test_sync_script_writes_the_bundle(tmp_path):
+    out = tmp_path / "rules.yaml"
+    proc = subprocess.run([str(ROOT / "scripts" / "sync-chart-rules.sh"), str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(ROOT / ".venv/bin/python")})
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_text() == render_rules(RuleOptions())
+
+
+def test_promtool_accepts_the_rules_of_the_rendered_prometheusrule(tmp_path):
+    rule = one(render(WITH_CRDS), "PrometheusRule")
+    path = tmp_path / "chart-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+    proc = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    n = sum(len(g["rules"]) for g in rule["spec"]["groups"])
+    assert f"SUCCESS: {n} rules found" in proc.stdout + proc.stderr
+
+
+def test_rule_label_names_must_match_the_exporter_while_the_bundle_is_installed():
+    chart = helm_python.Chart.load(CHART)
+    with pytest.raises(helm_python.HelmRenderError, match="bundled recording rules use pod_name"):
+        chart.render({**WITH_CRDS, "config": {"podLabel": "pod"}}, name=RELEASE, namespace=NAMESPACE)
+    objs = render({**WITH_CRDS, "config": {"podLabel": "pod"}, "prometheusRule": {"enabled": False}})
+    assert env_of(objs)["KUBE_GPU_EXPORTER_POD_LABEL"] == "pod"
+    # explicitly setting the default is fine
+    assert by_kind(render({**WITH_CRDS, "config": {"podLabel": "pod_name"}}), "PrometheusRule")
+
+
+def test_prometheus_adapter_configmap_carries_the_chart_rules():
+    assert not by_kind(render(), "ConfigMap")
+    cm = one(render({"prometheusAdapter": {"configMap": {"enabled": True, "namespace": "custom-metrics",
+                                                         "name": "adapter-rules"}}}), "ConfigMap")
+    assert cm["metadata"]["name"] == "adapter-rules"
+    assert cm["metadata"]["namespace"] == "custom-metrics"
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    source = yaml.safe_load((CHART / "files" / "prometheus-adapter-rules.yaml").read_text())
+    assert config == {"externalRules": source["externalRules"]}
+    assert len(config["externalRules"]) >= 2
