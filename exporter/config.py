@@ -91,7 +91,7 @@ OPTIONS: tuple[Option, ...] = (
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:9400`` for IPv6) -> (host, port)."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError(f"--listen must be HOST:PORT, got {value!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
