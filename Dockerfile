@@ -38,8 +38,15 @@ ENV PATH=/opt/kube-gpu-exporter/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
 COPY --from=build /opt/kube-gpu-exporter /opt/kube-gpu-exporter
-RUN useradd --system --uid 65532 --user-group --no-create-home --home-dir /nonexistent \
+RUN groupadd --system --gid 65532 kube-gpu-exporter \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin kube-gpu-exporter
+# Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 65532:65532
 EXPOSE 9400
+# No HEALTHCHECK, on purpose: Kubernetes ignores it (the Helm chart's liveness and readiness probes
+# call /healthz and /readyz instead), the listen address is a run-time setting (--listen or
+# KUBE_GPU_EXPORTER_LISTEN) that a check baked in here could not follow, and the same image runs the
+# one-shot `rules` and `render` subcommands. With plain Docker, add one at run time, e.g.
+#   docker run --health-cmd 'python -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:9400/healthz\")"' ...
 ENTRYPOINT ["kube-gpu-exporter"]

