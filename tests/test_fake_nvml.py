@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,3 +191,78 @@ def test_build_without_a_compiler_says_what_to_install(tmp_path: Path,
     monkeypatch.setattr(fake_nvml.shutil, "which", lambda _name: None)
     with pytest.raises(FakeNvmlError, match=r"install gcc \(apt-get install gcc\)"):
         build_fake_nvml(tmp_path)
+
+
+def test_wallclock_timestamps_are_cpu_time_and_each_sample_is_returned_once(loaded: tuple[FakeNvml, Path]) -> None:
+    # nvitop asks for samples newer than "one second ago" in epoch microseconds, as the driver stamps them
+    fake, config = loaded
+    config.write_text(config_text({"nvml": {"timestamps": "wallclock"}, "devices": [GPU]}))
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    before = time.time_ns() // 1000
+    (first,) = pynvml.nvmlDeviceGetProcessUtilization(h, before - 1_000_000)  # the probe starts tick 1
+    after = time.time_ns() // 1000
+    assert before <= first.timeStamp <= after
+    # the next call starts tick 2, stamped strictly later; tick 1's sample is not handed out again
+    (second,) = pynvml.nvmlDeviceGetProcessUtilization(h, first.timeStamp)
+    assert second.timeStamp > first.timeStamp
+    assert fake.last_seen(0) == first.timeStamp
+    count = ctypes.c_uint(4)
+    buf = (pynvml.c_nvmlProcessUtilizationSample_t * 4)()
+    assert raw_call(fake, "nvmlDeviceGetProcessUtilization", h, buf, ctypes.byref(count),
+                    ctypes.c_ulonglong(second.timeStamp)) == pynvml.NVML_ERROR_NOT_FOUND
+    pynvml.nvmlShutdown()
+
+
+@pytest.mark.parametrize("every_tick", [False, True])
+def test_process_growth_rearms_each_tick_only_when_asked(loaded: tuple[FakeNvml, Path], every_tick: bool) -> None:
+    fake, config = loaded
+    procs = [{"pid": p, "used_memory_bytes": 1} for p in (1, 2, 3)]
+    config.write_text(config_text({"nvml": {"clock": "manual", "growth_every_tick": every_tick},
+                                   "devices": [dict(GPU, processes=procs, process_growth=2)]}))
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    fn = "nvmlDeviceGetComputeRunningProcesses_v3"
+
+    def probe() -> int:
+        count = ctypes.c_uint(0)
+        assert raw_call(fake, fn, h, ctypes.byref(count), None) == pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        return count.value
+
+    assert [probe(), probe()] == [1, 3]  # the first call after init misses the 2 that "just started"
+    fake.advance(1)
+    assert [probe(), probe()] == ([1, 3] if every_tick else [3, 3])
+    pynvml.nvmlShutdown()
+
+
+def test_cuda_driver_version_default_and_configured(loaded: tuple[FakeNvml, Path]) -> None:
+    _, config = loaded
+    pynvml.nvmlInit()
+    assert pynvml.nvmlSystemGetCudaDriverVersion() == 12040  # what a 550 driver reports
+    pynvml.nvmlShutdown()
+    config.write_text(config_text({"nvml": {"cuda_driver_version": 11080}, "devices": [GPU]}))
+    pynvml.nvmlInit()
+    assert pynvml.nvmlSystemGetCudaDriverVersion_v2() == 11080
+    pynvml.nvmlShutdown()
+
+
+def test_calls_without_scenario_values_are_not_supported(loaded: tuple[FakeNvml, Path]) -> None:
+    fake, _ = loaded
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    for call, args in (("nvmlDeviceGetFanSpeed", ()), ("nvmlDeviceGetPowerManagementLimit", ()),
+                       ("nvmlDeviceGetPcieThroughput", (pynvml.NVML_PCIE_UTIL_TX_BYTES,))):
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            getattr(pynvml, call)(h, *args)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetPcieThroughput(h, 7)
+    # the call itself succeeds; each field carries its own status
+    values = pynvml.nvmlDeviceGetFieldValues(h, [pynvml.NVML_FI_DEV_POWER_INSTANT,
+                                                 pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX])
+    assert [v.nvmlReturn for v in values] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2
+    assert [v.fieldId for v in values] == [pynvml.NVML_FI_DEV_POWER_INSTANT,
+                                           pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX]
+    pynvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetFanSpeed(h)
+    assert fake.calls("nvmlDeviceGetFanSpeed") == 2

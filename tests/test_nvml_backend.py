@@ -18,6 +18,7 @@ import pytest
 
 from exporter.model import DeviceSample, ProcessUsage, UtilSample
 from exporter.nvml_backend import NvmlBackend
+from exporter.simulate import SimulatedBackend, parse_scenario
 from tests.fake_nvml import TICK_US, FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
 
 GIB = 1 << 30
@@ -155,10 +156,9 @@ def test_device_fields_equal_the_scenario(nvml: Harness) -> None:
 
 
 def test_the_simulated_node_reads_the_same_scenario_alike(nvml: Harness) -> None:
-    simulate = pytest.importorskip("exporter.simulate")
     doc = scenario(GPU0, GPU1)
     backend, _ = nvml.start(doc)
-    simulated = simulate.SimulatedBackend(simulate.parse_scenario(doc))
+    simulated = SimulatedBackend(parse_scenario(doc))
     for _ in range(3):  # the util sample timestamps advance alike too
         assert backend.sample().devices == simulated.sample().devices
 

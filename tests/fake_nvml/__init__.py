@@ -47,7 +47,8 @@ _DEVICE_KEYS = frozenset(_DEVICE_INTS) | {
     "lost_after_ticks", "process_growth", "xid_events",
 }
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
-_NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock"})
+_NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock", "timestamps",
+                        "growth_every_tick", "cuda_driver_version"})
 _TOP_KEYS = frozenset({"node", "node_labels", "devices", "pods", "pod_resources", "nvml", "description"})
 
 
@@ -201,6 +202,13 @@ def config_text(scenario: Mapping[str, Any]) -> str:
     if clock not in ("auto", "manual"):
         raise FakeNvmlError(f"nvml.clock: must be auto or manual, got {clock!r}")
     lines.append(f"clock {clock}")
+    timestamps = nvml.get("timestamps", "ticks")
+    if timestamps not in ("ticks", "wallclock"):
+        raise FakeNvmlError(f"nvml.timestamps: must be ticks or wallclock, got {timestamps!r}")
+    lines.append(f"timestamps {timestamps}")
+    lines.append(f"growth_every_tick {1 if nvml.get('growth_every_tick') else 0}")
+    if "cuda_driver_version" in nvml:
+        lines.append(f"cuda_driver_version {_int(nvml['cuda_driver_version'], 'nvml.cuda_driver_version')}")
     for i, d in enumerate(_seq(top.get("devices"), "devices")):
         lines.extend(_device_lines(d, i))
     return "\n".join(lines) + "\n"

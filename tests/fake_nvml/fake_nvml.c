@@ -103,6 +103,26 @@ typedef struct fake_device *nvmlDevice_t;
 struct fake_event_set;
 typedef struct fake_event_set *nvmlEventSet_t;
 
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
 typedef struct {
     nvmlDevice_t device;
     unsigned long long eventType;
@@ -119,6 +139,7 @@ typedef struct {
 #define MAX_EVENT_SETS 8
 #define UTIL_BUFFER_TICKS 8 /* the driver keeps a bounded sample history */
 #define TICK_US 1000000ULL /* sample timeStamp of tick t is t * TICK_US (as exporter/simulate.py) */
+#define DEFAULT_CUDA_DRIVER_VERSION 12040 /* CUDA 12.4, what driver 550 reports */
 #define CODEC_PERIOD_US 167000u
 
 enum field {
@@ -195,6 +216,7 @@ struct fake_device {
     struct xid xids[MAX_XIDS];
     unsigned int nxids;
     unsigned long long tick;
+    unsigned long long tick_us[UTIL_BUFFER_TICKS]; /* "timestamps wallclock": when tick t began */
     unsigned long long last_seen; /* lastSeenTimeStamp of the latest utilization call */
     unsigned long calls;
 };
@@ -210,6 +232,9 @@ struct config {
     unsigned int init_failures;
     int old_driver;
     int manual_clock;
+    int wallclock;       /* util sample timeStamps are CPU time (epoch us), as the driver's */
+    int growth_every_tick; /* process_growth re-arms each tick, not only after init */
+    unsigned int cuda_driver_version;
     unsigned int ndevices;
     struct fake_device devices[MAX_DEVICES];
 };
@@ -305,6 +330,24 @@ static int parse_line(struct config *c, char *key, char *rest) {
         if (parse_uint(rest, &v) != 0 || v > 1)
             return -1;
         c->old_driver = (int)v;
+        return 0;
+    }
+    if (strcmp(key, "cuda_driver_version") == 0)
+        return parse_uint(rest, &c->cuda_driver_version);
+    if (strcmp(key, "timestamps") == 0) {
+        if (strcmp(rest, "ticks") == 0)
+            c->wallclock = 0;
+        else if (strcmp(rest, "wallclock") == 0)
+            c->wallclock = 1;
+        else
+            return -1;
+        return 0;
+    }
+    if (strcmp(key, "growth_every_tick") == 0) {
+        unsigned int v;
+        if (parse_uint(rest, &v) != 0 || v > 1)
+            return -1;
+        c->growth_every_tick = (int)v;
         return 0;
     }
     if (strcmp(key, "clock") == 0) {
@@ -414,6 +457,7 @@ static nvmlReturn_t load_config(struct config *c, uint64_t *key) {
     }
     memset(c, 0, sizeof *c);
     strcpy(c->driver_version, "550.54.15");
+    c->cuda_driver_version = DEFAULT_CUDA_DRIVER_VERSION;
     uint64_t h = fnv1a(14695981039346656037ULL, path, strlen(path) + 1);
     char line[1024];
     int lineno = 0;
@@ -460,6 +504,24 @@ static struct fake_device *lookup(nvmlDevice_t h) {
 
 static int is_lost(const struct fake_device *d) {
     return d->lost_after_set && d->tick > d->lost_after_ticks;
+}
+
+static unsigned long long now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+/* A new sampling period of the device: stamp it (strictly after the previous one, like the
+   driver's CPU timestamps) and, with growth_every_tick, let processes appear again. */
+static void start_tick(struct fake_device *d) {
+    unsigned long long prev = d->tick_us[d->tick % UTIL_BUFFER_TICKS];
+    unsigned long long now = now_us();
+    d->tick++;
+    d->tick_us[d->tick % UTIL_BUFFER_TICKS] = now > prev ? now : prev + 1;
+    if (cfg.growth_every_tick)
+        for (int k = 0; k < L_COUNT; k++)
+            d->growth_pending[k] = d->process_growth > 0;
 }
 
 /* The common prologue of a call on a device handle. */
@@ -568,6 +630,20 @@ EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int lengt
     if (!initialized())
         RETURN(NVML_ERROR_UNINITIALIZED);
     RETURN(copy_out(version, length, cfg.driver_version));
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    ENTER();
+    if (!initialized())
+        RETURN(NVML_ERROR_UNINITIALIZED);
+    if (version == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *version = (int)cfg.cuda_driver_version;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    return nvmlSystemGetCudaDriverVersion(version);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
@@ -807,8 +883,8 @@ static nvmlReturn_t running_processes(nvmlDevice_t h, int list, unsigned int *co
         n += in_list(&d->procs[i], list);
     unsigned int visible = n;
     if (d->growth_pending[list]) {
-        /* process_growth: the first call after init sees K fewer processes, as if K
-           started between the size probe and the fetch */
+        /* process_growth: the first call after init (with growth_every_tick: in each tick)
+           sees K fewer processes, as if K started between the size probe and the fetch */
         d->growth_pending[list] = 0;
         visible = n > d->process_growth ? n - d->process_growth : 0;
     }
@@ -858,6 +934,46 @@ PROCESS_CALL_V3(nvmlDeviceGetGraphicsRunningProcesses_v3, L_GRAPHICS)
 PROCESS_CALL_V3(nvmlDeviceGetMPSComputeRunningProcesses_v3, L_MPS)
 #endif
 
+/* ---- calls other NVML consumers make (nvitop); the scenario has no values for them ---- */
+
+/* NOT_SUPPORTED, as on GPUs without the feature (passive cooling, no power management, ...):
+   a valid answer the caller must handle, after the usual device checks. */
+#define UNSUPPORTED_UINT(fn)                                        \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t h, unsigned int *out) {     \
+        DEVICE_PROLOGUE(h, d);                                      \
+        (void)d;                                                    \
+        if (out == NULL)                                            \
+            RETURN(NVML_ERROR_INVALID_ARGUMENT);                    \
+        RETURN(NVML_ERROR_NOT_SUPPORTED);                           \
+    }
+
+UNSUPPORTED_UINT(nvmlDeviceGetFanSpeed)
+UNSUPPORTED_UINT(nvmlDeviceGetPowerManagementLimit)
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t h, int counter, unsigned int *value) {
+    DEVICE_PROLOGUE(h, d);
+    (void)d;
+    if (value == NULL || counter < 0 || counter > 1 /* NVML_PCIE_UTIL_TX_BYTES, _RX_BYTES */)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    RETURN(NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* The call succeeds and each requested field carries its own status: none is supported here. */
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t h, int valuesCount, nvmlFieldValue_t *values) {
+    DEVICE_PROLOGUE(h, d);
+    (void)d;
+    if (values == NULL || valuesCount < 0)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    long long stamp = (long long)now_us();
+    for (int i = 0; i < valuesCount; i++) {
+        values[i].timestamp = stamp;
+        values[i].latencyUsec = 0;
+        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        memset(&values[i].value, 0, sizeof values[i].value);
+    }
+    RETURN(NVML_SUCCESS);
+}
+
 /* ---- process utilization ---- */
 
 /* Samples newer than last_seen in the device's buffer; writes up to cap into out. */
@@ -866,7 +982,7 @@ static unsigned int util_samples(const struct fake_device *d, unsigned long long
     unsigned int n = 0;
     unsigned long long first = d->tick >= UTIL_BUFFER_TICKS ? d->tick - UTIL_BUFFER_TICKS + 1 : 1;
     for (unsigned long long t = first; t <= d->tick; t++) {
-        unsigned long long ts = t * TICK_US;
+        unsigned long long ts = cfg.wallclock ? d->tick_us[t % UTIL_BUFFER_TICKS] : t * TICK_US;
         if (ts <= last_seen)
             continue;
         for (unsigned int i = 0; i < d->nprocs; i++) {
@@ -893,7 +1009,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessU
     /* clock auto: the size probe (NULL buffer) starts a new sampling period, before
        anything else is decided; pynvml makes exactly one probe per call */
     if (initialized() && d != NULL && utilization == NULL && !cfg.manual_clock)
-        d->tick++;
+        start_tick(d);
     nvmlReturn_t rc = device_check(h, &d);
     if (rc != NVML_SUCCESS)
         RETURN(rc);
@@ -1027,7 +1143,8 @@ EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
 EXPORT void fakeNvmlAdvanceTicks(unsigned int n) {
     pthread_mutex_lock(&lock);
     for (unsigned int i = 0; i < cfg.ndevices; i++)
-        cfg.devices[i].tick += n;
+        for (unsigned int k = 0; k < n; k++)
+            start_tick(&cfg.devices[i]);
     pthread_mutex_unlock(&lock);
 }
 
