@@ -9,10 +9,11 @@ SUDO=""
 need=()
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v vmalert >/dev/null 2>&1 || need+=(victoria-metrics)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing apt packages: ${need[*]}"
-  # Keep Debian's init scripts from starting Prometheus/Alertmanager on their default ports.
+  # Keep Debian's init scripts from starting Prometheus/Alertmanager/VictoriaMetrics on their default ports.
   created_policy=""
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
