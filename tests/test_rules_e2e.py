@@ -14,14 +14,8 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +24,19 @@ import pytest
 import yaml
 
 from exporter.rulesgen import RuleOptions, render_rules
+from tests.prom_support import (
+    PROMETHEUS,
+    ROOT,
+    SCENARIOS,
+    Labels,
+    query,
+    rule_health,
+    run_prometheus,
+    start_exporter,
+    stop,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ROOT / "tests" / "scenarios"
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 MIB = 2**20
-Labels = frozenset[tuple[str, str]]
 
 # (scenario file, node name, cluster)
 NODES = [
@@ -206,41 +207,6 @@ def expected_default_rendering_east_only() -> dict[str, dict[Labels, float]]:
 # ---------------------------------------------------------------- processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 2.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.read()
-
-
-def _wait_for(url: str, proc: subprocess.Popen, what: str, deadline_s: float = 30.0) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            out = proc.stdout.read() if proc.stdout else ""
-            pytest.fail(f"{what} exited with {proc.returncode}:\n{out}")
-        try:
-            _get(url)
-            return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.1)
-    pytest.fail(f"{what} did not answer {url} within {deadline_s} s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @dataclass(frozen=True)
 class Target:
     address: str
@@ -256,54 +222,13 @@ def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Target]
     targets: list[Target] = []
     try:
         for scenario, node, cluster in NODES:
-            port = _free_port()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "exporter", "--simulate", str(SCENARIOS / scenario),
-                 "--listen", f"127.0.0.1:{port}", "--node-name", node],
-                cwd=ROOT,
-                stdout=(logs / f"{node}.log").open("w"),
-                stderr=subprocess.STDOUT,
-                text=True,
-            )  # fmt: skip
+            proc, address = start_exporter(SCENARIOS / scenario, node, logs)
             procs.append(proc)
-            _wait_for(f"http://127.0.0.1:{port}/metrics", proc, f"exporter for {scenario}")
-            body = _get(f"http://127.0.0.1:{port}/metrics").decode()
-            assert f'nvidia_gpu_num_devices{{node_name="{node}"}}' in body
-            targets.append(Target(f"127.0.0.1:{port}", node, cluster))
+            targets.append(Target(address, node, cluster))
         yield targets
     finally:
         for proc in procs:
-            _stop(proc)
-
-
-def _run_prometheus(tmp: Path, rules: str, static_configs: list[dict]) -> tuple[subprocess.Popen, str]:
-    (tmp / "rules.yaml").write_text(rules)
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-        "rule_files": [str(tmp / "rules.yaml")],
-        "scrape_configs": [{"job_name": "kube-gpu-exporter", "static_configs": static_configs}],
-    }
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
-    proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=(tmp / "prometheus.log").open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    _wait_for(f"{base}/-/ready", proc, "prometheus")
-    return proc, base
-
-
-def _query(base: str, expr: str) -> dict[Labels, float]:
-    body = json.loads(_get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"))
-    assert body["status"] == "success", body
-    return {
-        frozenset((k, v) for k, v in r["metric"].items() if k != "__name__"): float(r["value"][1])
-        for r in body["data"]["result"]
-    }
+            stop(proc)
 
 
 def _matches(got: dict[Labels, float], want: dict[Labels, float]) -> bool:
@@ -316,26 +241,33 @@ def _table(series: dict[Labels, float]) -> list[str]:
     return sorted(f"{dict(sorted(k))} {v!r}" for k, v in series.items())
 
 
-def _check_recorded(base: str, rules_text: str, expected: dict[str, dict[Labels, float]]) -> None:
-    records = [r["record"] for g in yaml.safe_load(rules_text)["groups"] for r in g["rules"]]
-    public = [r for r in records if ":" not in r]
-    assert sorted(public) == sorted(expected), "every public series has expectations"
-    # Poll: the first scrape lands ~5.7 s after start, rules run each second after that.
-    deadline = time.monotonic() + 60
+def wait_recorded(base: str, expected: dict[str, dict[Labels, float]], timeout: float = 60) -> None:
+    """Poll ``base``'s query API until every series in ``expected`` has exactly the expected values."""
     pending = dict(expected)
     got: dict[str, dict[Labels, float]] = {}
+    deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
         for record in list(pending):
-            got[record] = _query(base, record)
+            got[record] = query(base, record)
             if _matches(got[record], pending[record]):
                 del pending[record]
         if pending:
             time.sleep(0.5)
     report = {r: {"want": _table(expected[r]), "got": _table(got.get(r, {}))} for r in pending}
     assert not pending, json.dumps(report, indent=1, default=str)[:6000]
+
+
+def public_records(rules_text: str) -> list[str]:
+    records = [r["record"] for g in yaml.safe_load(rules_text)["groups"] for r in g["rules"]]
+    return sorted(r for r in records if ":" not in r)
+
+
+def _check_recorded(base: str, rules_text: str, expected: dict[str, dict[Labels, float]]) -> None:
+    assert public_records(rules_text) == sorted(expected), "every public series has expectations"
+    # The first scrape lands ~5.7 s after start, rules run each second after that.
+    wait_recorded(base, expected)
     # no rule in the group failed to evaluate (e.g. a many-to-many join)
-    rules = json.loads(_get(f"{base}/api/v1/rules"))["data"]["groups"]
-    bad = [(r["name"], r.get("lastError")) for g in rules for r in g["rules"] if r["health"] != "ok"]
+    bad = rule_health(base)
     assert not bad, bad
 
 
@@ -346,11 +278,11 @@ def test_cluster_rendering_on_real_prometheus(exporters: list[Target], tmp_path:
         {"targets": [t.address for t in exporters if t.cluster == cl], "labels": {"cluster": cl}}
         for cl in ("east", "west")
     ]
-    proc, base = _run_prometheus(tmp_path, rules, static)
+    proc, base = run_prometheus(tmp_path, rules, static)
     try:
         _check_recorded(base, rules, expected_cluster_rendering())
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_default_rendering_on_real_prometheus(exporters: list[Target], tmp_path: Path) -> None:
@@ -360,8 +292,8 @@ def test_default_rendering_on_real_prometheus(exporters: list[Target], tmp_path:
     # identical to the committed bundle except for the evaluation interval
     assert rules.replace("interval: 1s", "interval: 30s").splitlines()[1:] == committed.splitlines()[1:]
     static = [{"targets": [t.address for t in exporters if t.cluster == "east"]}]
-    proc, base = _run_prometheus(tmp_path, rules, static)
+    proc, base = run_prometheus(tmp_path, rules, static)
     try:
         _check_recorded(base, rules, expected_default_rendering_east_only())
     finally:
-        _stop(proc)
+        stop(proc)

@@ -9,17 +9,15 @@ recorded series must equal the hand-computed value that Prometheus is held to.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import yaml
 
 from exporter.rulesgen import RuleOptions, render_rules
-from tests.prom_support import free_port, query, stop, wait_for
-from tests.test_rules_e2e import Target, _matches, _table, expected_cluster_rendering, exporters
+from tests.prom_support import free_port, stop, wait_for
+from tests.test_rules_e2e import Target, expected_cluster_rendering, exporters, public_records, wait_recorded
 
 __all__ = ["exporters"]  # the module-scoped fixture, shared with the Prometheus test
 
@@ -63,20 +61,9 @@ def test_cluster_rendering_on_victoriametrics(exporters: list[Target], tmp_path:
             "-remoteWrite.flushInterval=200ms", "-loggerLevel=WARN",
         ], tmp_path / "vmalert.log", f"http://127.0.0.1:{vmalert_port}/health", "vmalert"))
         expected = expected_cluster_rendering()
-        records = [r["record"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"]]
-        assert sorted(r for r in records if ":" not in r) == sorted(expected)
-        pending = dict(expected)
-        got: dict = {}
-        deadline = time.monotonic() + 120  # scrape, then chains of recorded series, each a write + read
-        while pending and time.monotonic() < deadline:
-            for record in list(pending):
-                got[record] = query(vm, record)
-                if _matches(got[record], pending[record]):
-                    del pending[record]
-            if pending:
-                time.sleep(0.5)
-        report = {r: {"want": _table(expected[r]), "got": _table(got.get(r, {}))} for r in pending}
-        assert not pending, json.dumps(report, indent=1, default=str)[:6000]
+        assert public_records(rules) == sorted(expected)
+        # scrape, then chains of recorded series, each a remote write and a read
+        wait_recorded(vm, expected, timeout=120)
     finally:
         for proc in reversed(procs):
             stop(proc)
