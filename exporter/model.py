@@ -64,6 +64,12 @@ class DeviceSample:
     processes_ok: bool = True
     util_samples: tuple[UtilSample, ...] = ()
     util_samples_ok: bool = True
+    # A MIG device (uuid ``MIG-...``) stands in the node's device list instead of its physical
+    # GPU, which it names here; minor number and bus id are the parent's.
+    parent_uuid: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    mig_profile: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,7 +125,11 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
 
 
 def _minor(d: DeviceSample) -> str:
-    return "" if d.minor_number is None else str(d.minor_number)
+    return _opt(d.minor_number)
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(value)
 
 
 def _granted_memory(u: ContainerUsage) -> int | None:
@@ -191,6 +195,11 @@ def _device_families(f: _Families, sample: NodeSample, node: str) -> None:
     for d in sample.devices:
         lbl = [node, d.uuid, _minor(d), d.name]
         info.add_metric([*lbl, d.pci_bus_id, sample.driver_version], 1)
+        if d.parent_uuid is not None:
+            f.gauge("nvidia_gpu_mig_device_info",
+                    "A MIG device, listed in place of the physical GPU it partitions (parent_uuid)",
+                    [*base, "parent_uuid", "profile", "gpu_instance_id", "compute_instance_id"]).add_metric(
+                [*lbl, d.parent_uuid, d.mig_profile, _opt(d.gpu_instance_id), _opt(d.compute_instance_id)], 1)
         up.add_metric(lbl, 0 if d.lost else 1)
         for name, doc, attr, scale in gauges:
             value = getattr(d, attr)

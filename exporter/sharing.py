@@ -37,6 +37,7 @@ SCHEME_HAMI = "hami"
 
 NVIDIA_GPU = "nvidia.com/gpu"
 NVIDIA_GPU_SHARED = "nvidia.com/gpu.shared"
+NVIDIA_MIG = "nvidia.com/mig-"  # prefix: nvidia.com/mig-1g.10gb, ...
 ALIYUN_MEM = "aliyun.com/gpu-mem"
 ALIYUN_CORE = "aliyun.com/gpu-core.percentage"
 VCUDA_CORE = "tencent.com/vcuda-core"
@@ -173,7 +174,7 @@ def compute_allocations(
             elif _amount(c, VCUDA_CORE) is not None or _amount(c, VCUDA_MEM):
                 out.extend(_vcuda(pod, c, by_index, skip))
             elif _amount(c, NVIDIA_GPU) or _amount(c, NVIDIA_GPU_SHARED) or any(
-                    r.startswith("nvidia.com/mig-") for r in (*c.limits, *c.requests)):
+                    r.startswith(NVIDIA_MIG) for r in (*c.limits, *c.requests)):
                 out.extend(_nvidia(pod, c, res_ids, uuids, strategy, replicas, skip))
     return AllocationResult(tuple(out), skips)
 
@@ -182,8 +183,10 @@ def _nvidia(pod: PodInfo, c: ContainerInfo, res_ids: Mapping[str, tuple[str, ...
             uuids: set[str], strategy: str, replicas: float, skip) -> list[Allocation]:
     shared_resource = bool(_amount(c, NVIDIA_GPU_SHARED))
     count = int(_amount(c, NVIDIA_GPU) or _amount(c, NVIDIA_GPU_SHARED) or 0)
-    mig = [r for r in (*c.limits, *c.requests) if r.startswith("nvidia.com/mig-")]
-    ids = [i for r, v in res_ids.items() if r in (NVIDIA_GPU, NVIDIA_GPU_SHARED) for i in v]
+    mig = {r for r in (*c.limits, *c.requests) if r.startswith(NVIDIA_MIG)}  # a set: limits repeat requests
+    # MIG resources list MIG device UUIDs, which the backend reports as devices of their own.
+    ids = [i for r, v in res_ids.items() if r in (NVIDIA_GPU, NVIDIA_GPU_SHARED) or r.startswith(NVIDIA_MIG)
+           for i in v]
     replicated = any("::" in i for i in ids)
     if strategy == "mps":
         scheme = SCHEME_MPS
@@ -200,8 +203,8 @@ def _nvidia(pod: PodInfo, c: ContainerInfo, res_ids: Mapping[str, tuple[str, ...
             placed.append(u)
         elif u not in uuids:
             skip("pod_resources_unknown_device")
-    if mig and not ids:
-        # MIG instances are not mapped to their parent GPU yet: count them, place by processes.
+    if mig:
+        # Without pod-resources: count them, place them where the container's processes run.
         count = max(count, int(sum(_amount(c, r) or 0 for r in mig)))
     allocs = [Allocation(pod.uid, c.name, scheme, whole, u, compute, None) for u in placed]
     allocs += [Allocation(pod.uid, c.name, scheme, whole, None, compute, None)

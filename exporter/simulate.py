@@ -41,7 +41,13 @@ _INT_FIELDS = {
     "encoder_utilization", "decoder_utilization", "ecc_corrected", "ecc_uncorrected",
     "clocks_event_reasons", "lost_after_ticks", "process_growth",
 }
-_DEVICE_KEYS = _INT_FIELDS | {"uuid", "name", "pci_bus_id", "processes", "not_supported", "xid_events"}
+_DEVICE_KEYS = _INT_FIELDS | {"uuid", "name", "pci_bus_id", "processes", "not_supported", "xid_events",
+                              "mig_devices"}
+_MIG_KEYS = {"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
+             "memory_used_bytes", "processes"}
+# What a MIG device reads from its physical GPU (NVML answers these on the parent handle only).
+_MIG_FROM_PARENT = ("power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
+                    "ecc_corrected_total", "ecc_uncorrected_total", "clocks_event_reasons")
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_util", "cgroup", "type"}
 _TOP_KEYS = {"node", "node_labels", "devices", "pods", "pod_resources", "nvml", "description"}
 # not_supported names (shared with the fake NVML library) -> the DeviceSample fields they blank.
@@ -141,7 +147,8 @@ def _process(raw: object, where: str) -> ScenarioProcess:
     )
 
 
-def _device(raw: object, index: int) -> ScenarioDevice:
+def _device(raw: object, index: int) -> tuple[ScenarioDevice, ...]:
+    """A physical GPU, or the MIG devices it is partitioned into."""
     where = f"devices[{index}]"
     d = _mapping(raw, where)
     _unknown(d, _DEVICE_KEYS, where)
@@ -161,11 +168,7 @@ def _device(raw: object, index: int) -> ScenarioDevice:
     if bad:
         raise ScenarioError(f"{where}.not_supported: unknown field(s) {', '.join(bad)}; "
                             f"allowed: {', '.join(sorted(NOT_SUPPORTED_FIELDS))}")
-    processes = tuple(_process(p, f"{where}.processes[{i}]")
-                      for i, p in enumerate(_list(d.get("processes"), f"{where}.processes")))
-    pids = [p.pid for p in processes]
-    if len(set(pids)) != len(pids):
-        raise ScenarioError(f"{where}.processes: duplicate pid")
+    processes = _processes(d.get("processes"), f"{where}.processes")
     for i, x in enumerate(_list(d.get("xid_events"), f"{where}.xid_events")):
         _mapping(x, f"{where}.xid_events[{i}]")
     sample = DeviceSample(
@@ -192,7 +195,54 @@ def _device(raw: object, index: int) -> ScenarioDevice:
     blank = {f: None for name in not_supported for f in NOT_SUPPORTED_FIELDS[name]}
     if blank:
         sample = replace(sample, **blank)
-    return ScenarioDevice(sample, processes, not_supported, ints.get("lost_after_ticks"))
+    lost_after = ints.get("lost_after_ticks")
+    if "mig_devices" not in d:
+        return (ScenarioDevice(sample, processes, not_supported, lost_after),)
+    if processes:
+        raise ScenarioError(f"{where}: a GPU with mig_devices has its processes on them, not on itself")
+    migs = _list(d["mig_devices"], f"{where}.mig_devices")
+    if not migs:
+        raise ScenarioError(f"{where}.mig_devices: MIG mode with no MIG device; leave the key out instead")
+    return tuple(_mig_device(m, f"{where}.mig_devices[{j}]", sample, not_supported, lost_after)
+                 for j, m in enumerate(migs))
+
+
+def _processes(raw: object, where: str) -> tuple[ScenarioProcess, ...]:
+    processes = tuple(_process(p, f"{where}[{i}]") for i, p in enumerate(_list(raw, where)))
+    pids = [p.pid for p in processes]
+    if len(set(pids)) != len(pids):
+        raise ScenarioError(f"{where}: duplicate pid")
+    return processes
+
+
+def _mig_device(raw: object, where: str, parent: DeviceSample, parent_not_supported: frozenset[str],
+                lost_after: int | None) -> ScenarioDevice:
+    m = _mapping(raw, where)
+    _unknown(m, _MIG_KEYS, where)
+    for key in ("uuid", "profile"):
+        if key not in m:
+            raise ScenarioError(f"{where}: '{key}' is required")
+    uuid = _str(m["uuid"], f"{where}.uuid")
+    if not uuid.startswith("MIG-"):
+        raise ScenarioError(f"{where}.uuid: a MIG device uuid starts with MIG-, got {uuid!r}")
+    ints = {k: _int(m[k], f"{where}.{k}") for k in _MIG_KEYS - {"uuid", "profile", "processes"}
+            if m.get(k) is not None}
+    if "memory_total_bytes" in ints and ints.get("memory_used_bytes", 0) > ints["memory_total_bytes"]:
+        raise ScenarioError(f"{where}: memory_used_bytes exceeds memory_total_bytes")
+    processes = _processes(m.get("processes"), f"{where}.processes")
+    profile = _str(m["profile"], f"{where}.profile")
+    sample = DeviceSample(
+        index=parent.index, uuid=uuid, name=f"{parent.name} MIG {profile}", minor_number=parent.minor_number,
+        pci_bus_id=parent.pci_bus_id, memory_total_bytes=ints.get("memory_total_bytes"),
+        memory_used_bytes=ints.get("memory_used_bytes"),
+        processes=tuple(ProcessUsage(p.pid, p.used_memory_bytes, p.kind) for p in processes),
+        parent_uuid=parent.uuid, gpu_instance_id=ints.get("gpu_instance_id"),
+        compute_instance_id=ints.get("compute_instance_id"), mig_profile=profile,
+        **{f: getattr(parent, f) for f in _MIG_FROM_PARENT},
+    )
+    # NVML has neither device nor per-process utilization for MIG devices.
+    not_supported = frozenset(parent_not_supported - {"memory"}) | {"process_utilization", "utilization"}
+    return ScenarioDevice(sample, processes, not_supported, lost_after)
 
 
 def _pod_resources(raw: object) -> tuple[PodResources, ...]:
@@ -223,7 +273,7 @@ def parse_scenario(data: object) -> Scenario:
     top = _mapping(data, "scenario")
     _unknown(top, _TOP_KEYS, "scenario")
     labels = _mapping(top.get("node_labels") or {}, "node_labels")
-    devices = tuple(_device(d, i) for i, d in enumerate(_list(top.get("devices"), "devices")))
+    devices = tuple(sd for i, d in enumerate(_list(top.get("devices"), "devices")) for sd in _device(d, i))
     uuids = [d.sample.uuid for d in devices]
     if len(set(uuids)) != len(uuids):
         raise ScenarioError("devices: duplicate uuid")

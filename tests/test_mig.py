@@ -1,0 +1,124 @@
+"""MIG: each MIG device stands in for its physical GPU and is attributed like a whole GPU."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.pods import pod_from_api
+from exporter.sharing import compute_allocations
+from exporter.simulate import ScenarioError, load_scenario, parse_scenario
+from tests.test_simulate import render, values
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "mig-a100-node.yaml"
+DOC = yaml.safe_load(EXAMPLE.read_text())
+CARD0 = "GPU-a1000000-0000-4000-8000-000000000000"
+CARD1 = "GPU-a1000000-0000-4000-8000-000000000001"
+MIG_3G = "MIG-3a1b2c3d-0000-5000-8000-000000000001"
+MIG_2G_A = "MIG-2a1b2c3d-0000-5000-8000-000000000002"
+MIG_2G_B = "MIG-2a1b2c3d-0000-5000-8000-000000000003"
+GIB = 2**30
+
+
+def _rows(text: str, family: str) -> dict[str, list[dict[str, str] | float]]:
+    """{uuid: [(labels, value), ...]} of one family."""
+    out: dict[str, list] = {}
+    for (name, labels), value in values(text).items():
+        if name == family:
+            lbl = dict(labels)
+            out.setdefault(lbl["uuid"], []).append((lbl, value))
+    return out
+
+
+def _render_doc(doc: dict, tmp_path: Path) -> str:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return render(path)
+
+
+def _check_attribution(text: str) -> None:
+    used = _rows(text, "nvidia_gpu_memory_used_bytes")
+    # the partitioned card itself has no row: its MIG devices stand in its place
+    assert CARD0 not in used
+    assert set(used) == {MIG_3G, MIG_2G_A, MIG_2G_B, CARD1}
+    (lbl, value), = used[MIG_3G]
+    assert (lbl["allocate_mode"], lbl["pod_name"], lbl["container_name"], value) == (
+        "exclusive", "train-large-0", "trainer", 20 * GIB)
+    assert lbl["name"] == "NVIDIA A100-SXM4-80GB MIG 3g.40gb" and lbl["minor_number"] == "0"
+    (lbl, value), = used[MIG_2G_A]
+    assert (lbl["allocate_mode"], lbl["pod_name"], value) == ("exclusive", "infer-small-6d5c4b3a2-xk2lp", 8 * GIB)
+    (lbl, value), = used[MIG_2G_B]
+    assert (lbl["allocate_mode"], lbl["pod_name"], value) == ("None", "", 0)
+    # memory total is the MIG device's, power and temperature are the card's
+    total = {u: rows[0][1] for u, rows in _rows(text, "nvidia_gpu_memory_total_bytes").items()}
+    assert total == {MIG_3G: 40 * GIB, MIG_2G_A: 20 * GIB, MIG_2G_B: 20 * GIB, CARD1: 80 * GIB}
+    power = {u: rows[0][1] for u, rows in _rows(text, "nvidia_gpu_power_usage_milliwatts").items()}
+    assert power == {MIG_3G: 212000, MIG_2G_A: 212000, MIG_2G_B: 212000, CARD1: 250000}
+    # NVML has no utilization for MIG devices: absent, not 0
+    assert set(_rows(text, "nvidia_gpu_duty_cycle")) == {CARD1}
+    # allocations: one per container, the MIG device's memory
+    alloc = {u: [(lb["pod_name"], v) for lb, v in rows]
+             for u, rows in _rows(text, "nvidia_gpu_allocated_memory_bytes").items()}
+    assert alloc == {MIG_3G: [("train-large-0", 40 * GIB)], MIG_2G_A: [("infer-small-6d5c4b3a2-xk2lp", 20 * GIB)],
+                     CARD1: [("notebook-ana", 80 * GIB)]}
+    v = values(text)
+    assert v[("nvidia_gpu_num_devices", frozenset({("node_name", "gpu-node-mig-1")}))] == 4
+
+
+def test_mig_devices_are_attributed_like_whole_gpus() -> None:
+    text = render(EXAMPLE)
+    _check_attribution(text)
+    info = {u: rows[0][0] for u, rows in _rows(text, "nvidia_gpu_mig_device_info").items()}
+    assert set(info) == {MIG_3G, MIG_2G_A, MIG_2G_B}
+    assert {(i["parent_uuid"], i["profile"], i["gpu_instance_id"], i["compute_instance_id"])
+            for i in info.values()} == {(CARD0, "3g.40gb", "2", "0"), (CARD0, "2g.20gb", "3", "0"),
+                                        (CARD0, "2g.20gb", "4", "0")}
+
+
+def test_without_pod_resources_mig_allocations_are_placed_by_processes(tmp_path: Path) -> None:
+    doc = copy.deepcopy(DOC)
+    del doc["pod_resources"]
+    # limits and requests name the same MIG resource: still one slice, not two
+    _check_attribution(_render_doc(doc, tmp_path))
+
+
+def test_lost_card_takes_its_mig_devices_with_it(tmp_path: Path) -> None:
+    doc = copy.deepcopy(DOC)
+    doc["devices"][0]["lost_after_ticks"] = 0
+    v = values(_render_doc(doc, tmp_path))
+    up = {dict(lbl)["uuid"]: val for (n, lbl), val in v.items() if n == "nvidia_gpu_up"}
+    assert up == {MIG_3G: 0, MIG_2G_A: 0, MIG_2G_B: 0, CARD1: 1}
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["devices"][0].update(processes=[{"pid": 9}]), "processes on them, not on itself"),
+    (lambda d: d["devices"][0].update(mig_devices=[]), "MIG mode with no MIG device"),
+    (lambda d: d["devices"][0]["mig_devices"][0].update(uuid="GPU-x"), "starts with MIG-"),
+    (lambda d: d["devices"][0]["mig_devices"][0].pop("profile"), "'profile' is required"),
+    (lambda d: d["devices"][0]["mig_devices"][0].update(sm_util=3), "unknown key(s) sm_util"),
+    (lambda d: d["devices"][0]["mig_devices"][0].update(memory_used_bytes=50 * GIB), "exceeds"),
+    (lambda d: d["devices"][0]["mig_devices"][1].update(uuid=MIG_3G), "duplicate uuid"),
+    (lambda d: d["devices"][0]["mig_devices"][0]["processes"].append({"pid": 7001}), "duplicate pid"),
+])
+def test_broken_mig_scenarios_give_clear_errors(mutate, message) -> None:
+    doc = copy.deepcopy(DOC)
+    mutate(doc)
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        parse_scenario(doc)
+
+
+def test_a_mig_resource_in_limits_and_requests_is_one_slice() -> None:
+    scenario = load_scenario(EXAMPLE)
+    pods = [pod_from_api(p) for p in DOC["pods"]]
+    devices = [d.sample for d in scenario.devices]
+    got = compute_allocations(pods, devices, {}, None).allocations
+    per_container = sorted((a.container, a.uuid, a.whole) for a in got)
+    assert per_container == [("lab", None, True), ("server", None, True), ("trainer", None, True)]
+    placed = compute_allocations(pods, devices, {}, scenario.pod_resources).allocations
+    assert sorted((a.container, a.uuid) for a in placed) == [
+        ("lab", CARD1), ("server", MIG_2G_A), ("trainer", MIG_3G)]
