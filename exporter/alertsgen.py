@@ -19,14 +19,15 @@ from pathlib import Path
 import yaml
 
 from exporter.rulesgen import RuleOptions, RuleOptionsError
+from exporter.xid import CATALOG as XID_CATALOG
 
 DEFAULT_RUNBOOK_URL = "https://github.com/kube-gpu-exporter/kube-gpu-exporter/blob/main/docs/alerts.md"
 
-# From the Xid catalog (docs/xid.md): codes whose action is a GPU reset, an ECC or NVLink
-# workflow or a node reboot. 63, 92 and 154 are "record only" and 43/45 need no action.
-CRITICAL_XIDS: tuple[int, ...] = (46, 48, 61, 62, 64, 74, 79, 95, 109, 119, 120, 140, 143)
-# Codes whose action is "restart the application": the pod is at fault, not the GPU.
-APPLICATION_XIDS: tuple[int, ...] = (13, 31, 32, 43, 45, 68, 69, 94)
+# From the Xid catalog (exporter/xid.py, docs/xid.md). Critical: severity "gpu" or "node", whose
+# action is a GPU reset, an ECC or NVLink workflow or a node reboot. Application: "restart the
+# application", the pod is at fault, not the GPU. "info" codes (43, 45, 63, 92, 154) need no action.
+CRITICAL_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.severity in ("gpu", "node"))
+APPLICATION_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.severity == "application")
 
 SEVERITIES: frozenset[str] = frozenset({"critical", "warning", "info"})
 _DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")

@@ -520,3 +520,50 @@ def test_alerts_reach_alertmanager_end_to_end(tmp_path: Path) -> None:
     finally:
         for proc in reversed(procs):
             stop(proc)
+
+
+# ------------------------------------------------------------------ docs
+
+
+def _github_anchor(heading: str) -> str:
+    """GitHub's heading slug: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_xid_defaults_follow_the_catalog() -> None:
+    from exporter.xid import CATALOG
+
+    assert 79 in alertsgen.CRITICAL_XIDS and 48 in alertsgen.CRITICAL_XIDS
+    assert {13, 31, 94} <= set(alertsgen.APPLICATION_XIDS)
+    info = {c for c, i in CATALOG.items() if i.severity == "info"}
+    assert info == {43, 45, 63, 92, 154}
+    assert not info & set(alertsgen.CRITICAL_XIDS + alertsgen.APPLICATION_XIDS)  # no action needed: no alert
+    assert set(alertsgen.CRITICAL_XIDS) | set(alertsgen.APPLICATION_XIDS) | info == set(CATALOG)
+
+
+def test_docs_have_a_runbook_section_per_alert() -> None:
+    doc = (ROOT / "docs" / "alerts.md").read_text(encoding="utf-8")
+    headings = {_github_anchor(h): h for h in re.findall(r"^#{2,4} (.+)$", doc, re.M)}
+    sections = re.split(r"^### ", doc, flags=re.M)
+    for a in _default_alerts():
+        name, sev, for_ = a["alert"], a["labels"]["severity"], a["for"]
+        anchor = a["annotations"]["runbook_url"].rsplit("#", 1)[1]
+        assert headings.get(anchor) == name, f"no runbook section #{anchor}"
+        section = next(s for s in sections if s.startswith(f"{name}\n"))
+        assert f"**Severity**: {sev} · **for**: {for_} ·" in section, name
+        assert "**Meaning.**" in section and "**What to do.**" in section, name
+        assert f"| [{name}](#{anchor}) | {sev} | {for_} |" in doc, f"{name} missing from the table"
+    # every in-page link points at a heading that exists
+    for link in re.findall(r"\]\(#([a-z0-9-]+)\)", doc):
+        assert link in headings, link
+
+
+def test_docs_list_every_option_and_the_regeneration_commands() -> None:
+    doc = (ROOT / "docs" / "alerts.md").read_text(encoding="utf-8")
+    flags = {s for act in alertsgen.build_parser()._actions for s in act.option_strings if s.startswith("--")}
+    for flag in sorted(flags - {"--help", "--output"}):
+        assert f"`{flag}" in doc, flag
+    for path, argv in COMMITTED.items():
+        assert path in doc
+        for arg in argv:
+            assert arg.replace("=", " ", 1) in doc or arg in doc, arg
