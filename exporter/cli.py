@@ -117,9 +117,19 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
     """Pods and node labels from the API (or nothing, with --no-pod-watch)."""
     if not cfg.pod_watch:
         return _empty_pods(), dict, None
+    import yaml
+    from kubernetes.config.config_exception import ConfigException
+
     from exporter.pod_watcher import PodWatcher, build_api_client
 
-    api_client = build_api_client(cfg.kube_api_url, cfg.kubeconfig)
+    try:
+        api_client = build_api_client(cfg.kube_api_url, cfg.kubeconfig)
+    except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError) as e:
+        # A startup mistake, not a transient fault: say what to do instead of a traceback.
+        # (A kubeconfig of the wrong shape fails inside the client in many ways.)
+        where = f"--kubeconfig {cfg.kubeconfig}: " if cfg.kubeconfig else ""
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(f"{where}{detail} (or --no-pod-watch to run without pods)") from None
     watcher = PodWatcher(node, api_client)
     watcher.start()
     closers.append(watcher.stop)
