@@ -113,10 +113,14 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
             _add(mused, lbl, u.memory_used_bytes)
             _add(power, lbl, d.power_usage_milliwatts)
             _add(temp, lbl, d.temperature_celsius)
-    ndev.add_metric([node], len(sample.devices))
+    if sample.nvml_up:
+        # While NVML cannot even start the device count is unknown, not 0: a 0 would read as
+        # lost capacity in every roll-up. kube_gpu_exporter_nvml_up says why it is missing.
+        ndev.add_metric([node], len(sample.devices))
 
     _allocation_families(f, attr, node, names)
-    _node_families(f, sample, node)
+    if sample.nvml_up:
+        _node_families(f, sample, node)
     _pod_info(f, attr.pods, node, names)
     _device_families(f, sample, node)
     _process_families(f, attr.devices, node, names, per_process)

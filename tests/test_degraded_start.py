@@ -1,4 +1,4 @@
-"""Startup mistakes in real mode end with one clear line and exit status 2, never a traceback."""
+"""Real mode without its sources: one-line startup errors, and honest rows while NVML is down."""
 
 from __future__ import annotations
 
@@ -37,3 +37,22 @@ def test_no_cluster_and_no_kubeconfig(tmp_path: Path, monkeypatch: pytest.Monkey
     assert rc == 2
     assert "no Kubernetes API configuration" in err and "--kube-api-url or --kubeconfig" in err
     assert err.count("\n") == 1, err
+
+
+def test_while_nvml_is_down_capacity_is_absent_not_zero() -> None:
+    from exporter.attribution import NodeAttribution
+    from exporter.model import EMPTY, NodeSample
+    from exporter.rows import ExporterStats, LabelNames, build_families
+
+    def names_of(sample: NodeSample) -> dict[str, int]:
+        attr = NodeAttribution(devices=(), allocations=(), pods=(), skips=EMPTY)
+        fams = build_families(attr, sample, "n1", LabelNames(), ExporterStats())
+        return {f.name: len(f.samples) for f in fams}
+
+    down = names_of(NodeSample(timestamp=1.0, nvml_up=False))
+    up = names_of(NodeSample(timestamp=1.0, nvml_up=True))
+    for family in ("nvidia_gpu_num_devices", "nvidia_gpu_node_healthy_devices",
+                   "nvidia_gpu_node_memory_total_bytes", "nvidia_gpu_node_healthy_memory_bytes"):
+        assert up.get(family) == 1, family  # a node that really has no GPU says 0
+        assert not down.get(family), family
+    assert down["kube_gpu_exporter_nvml_up"] == 1
