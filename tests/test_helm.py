@@ -498,3 +498,43 @@ def test_prometheus_adapter_configmap_carries_the_chart_rules():
     source = yaml.safe_load((CHART / "files" / "prometheus-adapter-rules.yaml").read_text())
     assert config == {"externalRules": source["externalRules"]}
     assert len(config["externalRules"]) >= 2
+
+
+# --------------------------------------------------------------------------------------------
+# docs/deploy.md and docs/hpa.md stay true to the chart
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", ["docs/deploy.md", "docs/hpa.md", "README.md"])
+def test_doc_links_resolve(doc):
+    path = ROOT / doc
+    text = path.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target) if target else path
+        assert file.exists(), f"{doc}: {link}"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{doc}: {link}"
+    if doc == "README.md":
+        assert {"docs/deploy.md", "docs/hpa.md"} <= set(links)
+
+
+def test_deploy_doc_lists_the_config_keys_and_rbac_of_the_chart():
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `config.*`"))
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    documented = set(re.findall(r"`(\w+)`", row.split("|")[3]))
+    assert documented == set(schema["properties"]["config"]["properties"])
+    # every verb and resource of the ClusterRole is in the RBAC table
+    for _group, resource, verb in rbac_rules(render()):
+        assert re.search(rf"^\| `{resource}`: .*`{verb}`", text, re.M), (resource, verb)

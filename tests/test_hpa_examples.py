@@ -185,6 +185,17 @@ TARGET_TYPE = {"k8s_workload_gpu_used": "AverageValue", "k8s_workload_gpu_memory
                "k8s_pod_gpu_used": "AverageValue", "k8s_workload_rate_gpu_used_request": "Value"}
 
 
+def test_docs_metric_table_is_the_adapter_rules():
+    text = (ROOT / "docs" / "hpa.md").read_text()
+    table = text[text.index("### Metrics"):text.index("Select with the series' labels")]
+    rows = [[c.strip().strip("`") for c in line.split("|")[1:-1]] for line in table.splitlines()
+            if line.startswith("| `")]
+    assert {r[0]: r[3] for r in rows} == TARGET_TYPE
+    for metric, source, *_ in rows:
+        series = re.match(r"\w+", rule_for(metric)["seriesQuery"]).group(0)
+        assert series in source, metric
+
+
 def test_every_hpa_metric_is_served_by_an_adapter_rule_with_the_right_target_type():
     assert {r["name"]["as"] for r in external_rules()} == set(TARGET_TYPE)
     used = set()
