@@ -8,6 +8,7 @@ for by polling its HTTP endpoint (never a fixed sleep).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -22,6 +23,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.test_rules import _documented_inputs, _metric_names, _rules
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "tests" / "scenarios"
@@ -176,3 +179,24 @@ def rule_health(base: str) -> list[tuple[str, str | None]]:
     """(rule name, last error) for every rule of every group that is not healthy."""
     groups = json.loads(http_get(f"{base}/api/v1/rules"))["data"]["groups"]
     return [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
+
+
+# ------------------------------------------------------------------ what a query reads
+
+
+def recorded_series() -> set[str]:
+    """Every series the committed recording-rule bundle records."""
+    return {r["record"] for r in _rules((ROOT / "rules" / "kube-gpu-exporter.rules.yaml").read_text())}
+
+
+def exporter_families() -> set[str]:
+    """Every metric family docs/metrics.md documents (``nvidia_gpu_*`` and ``kube_gpu_exporter_*``)."""
+    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    return _documented_inputs() | set(re.findall(r"`(kube_gpu_exporter_[a-z_]+)`", text))
+
+
+def series_read(expr: str) -> set[str]:
+    """Metric names a PromQL expression reads (test_rules' _metric_names minus functions, range
+    selectors, offsets and Grafana variables)."""
+    expr = re.sub(r"\[[^\]]*\]|\boffset\s+\w+", "", re.sub(r'"[^"]*"', '""', expr))
+    return {n for n in _metric_names(expr) if not re.search(rf"(?<![\w:$]){re.escape(n)}\s*\(", expr)}

@@ -25,15 +25,18 @@ from tests.prom_support import (
     PROMETHEUS,
     ROOT,
     SCENARIOS,
+    exporter_families,
     http_get,
     poll,
+    recorded_series,
     rule_health,
     run_alertmanager,
     run_prometheus,
+    series_read,
     start_exporter,
     stop,
 )
-from tests.test_rules import PROMTOOL, _documented_inputs, _metric_names, _rules
+from tests.test_rules import PROMTOOL, _rules
 
 ALERTS = ROOT / "alerts"
 TESTS = ALERTS / "tests"
@@ -56,21 +59,6 @@ def _alert_rules(text: str) -> list[dict[str, Any]]:
 
 def _default_alerts() -> list[dict[str, Any]]:
     return _alert_rules((ALERTS / "kube-gpu-exporter.alerts.yaml").read_text())
-
-
-def _recorded_series() -> set[str]:
-    return {r["record"] for r in _rules(RULE_BUNDLE.read_text())}
-
-
-def _exporter_families() -> set[str]:
-    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
-    return _documented_inputs() | set(re.findall(r"`(kube_gpu_exporter_[a-z_]+)`", text))
-
-
-def _series_read(expr: str) -> set[str]:
-    """Metric names an alert expression reads: _metric_names minus functions and keywords."""
-    expr = re.sub(r"\[[^\]]*\]|\boffset\s+\w+", "", re.sub(r'"[^"]*"', '""', expr))  # ranges, offsets
-    return {n for n in _metric_names(expr) if not re.search(rf"(?<![\w:]){re.escape(n)}\s*\(", expr)}
 
 
 def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -154,11 +142,11 @@ def test_every_alert_has_severity_annotations_and_for() -> None:
     assert set(severities.values()) == {"critical", "warning", "info"}
 
 
-def test_alerts_read_only_exporter_families_and_recorded_series() -> None:
-    families, recorded = _exporter_families(), _recorded_series()
+def test_alerts_read_only_exporter_families_andrecorded_series() -> None:
+    families, recorded = exporter_families(), recorded_series()
     assert "kube_gpu_exporter_nvml_up" in families and "nvidia_gpu_up" in families
     for a in _default_alerts():
-        read = _series_read(a["expr"])
+        read = series_read(a["expr"])
         assert read, a["alert"]
         unknown = read - families - recorded - {"up"}
         assert not unknown, f"{a['alert']} reads {unknown}"
@@ -224,9 +212,9 @@ def test_every_alert_has_a_firing_and_a_silent_test_case() -> None:
 
 
 def test_fixtures_load_the_recording_rules_where_alerts_read_them() -> None:
-    recorded = _recorded_series()
+    recorded = recorded_series()
     by_name = {a["alert"]: a for a in _default_alerts()}
-    needs_rules = {n for n, a in by_name.items() if _series_read(a["expr"]) & recorded}
+    needs_rules = {n for n, a in by_name.items() if series_read(a["expr"]) & recorded}
     assert "KubeGpuRecordingRulesMissing" in needs_rules
     covered: set[str] = set()
     for path in TEST_FILES:
@@ -420,7 +408,7 @@ def _output_labels(expr: str) -> set[str]:
     m = re.match(r"\s*(?:sum|max|min|count) by \(([^)]*)\)", expr)
     if m:
         return {s.strip() for s in m.group(1).split(",")}
-    assert all(n == "up" or n.startswith("kube_gpu_exporter_") for n in _series_read(expr)), expr
+    assert all(n == "up" or n.startswith("kube_gpu_exporter_") for n in series_read(expr)), expr
     return {"job"} if expr.startswith("absent(") else {"instance", "job"}
 
 
