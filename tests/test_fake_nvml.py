@@ -266,3 +266,47 @@ def test_calls_without_scenario_values_are_not_supported(loaded: tuple[FakeNvml,
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetFanSpeed(h)
     assert fake.calls("nvmlDeviceGetFanSpeed") == 2
+
+
+def test_idle_after_ticks_stops_the_samples_but_keeps_the_processes(loaded: tuple[FakeNvml, Path]) -> None:
+    fake, config = loaded
+    config.write_text(config_text({"nvml": {"clock": "manual", "idle_after_ticks": 2}, "devices": [GPU]}))
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    fake.advance(4)
+    # the buffer still holds ticks 1 and 2; nothing after them
+    assert [s.timeStamp for s in pynvml.nvmlDeviceGetProcessUtilization(h, 0)] == [TICK_US, 2 * TICK_US]
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(h, 2 * TICK_US)
+    assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)] == [7]
+    pynvml.nvmlShutdown()
+
+
+def test_mig_mode_and_memory_v2_as_nvitop_reads_them(loaded: tuple[FakeNvml, Path]) -> None:
+    fake, config = loaded
+    config.write_text(config_text({"devices": [GPU, dict(GPU, uuid="GPU-2", memory_used_bytes=None)]}))
+    pynvml.nvmlInit()
+    h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+    assert pynvml.nvmlDeviceGetMigMode(h0) == [pynvml.NVML_DEVICE_MIG_DISABLE] * 2
+    assert not pynvml.nvmlDeviceIsMigDeviceHandle(h0)
+    m = pynvml.nvmlDeviceGetMemoryInfo(h0, version=pynvml.nvmlMemory_v2)
+    assert (m.total, m.reserved, m.used, m.free) == (100, 0, 10, 90)
+    na = pynvml.nvmlDeviceGetMemoryInfo(h1, version=pynvml.nvmlMemory_v2)
+    assert (na.used, na.free) == (2**64 - 1, 2**64 - 1)  # NVML_VALUE_NOT_AVAILABLE
+    # a struct of another version is refused, as the driver does
+    v1_sized = pynvml.c_nvmlMemory_v2_t()
+    v1_sized.version = pynvml.nvmlMemory_v2 & 0xFFFFFF | (1 << 24)
+    assert raw_call(fake, "nvmlDeviceGetMemoryInfo_v2", h0, ctypes.byref(v1_sized)) == 25
+    assert pynvml.nvmlErrorString(25) == "Argument version mismatch"
+    pynvml.nvmlShutdown()
+
+
+def test_old_driver_build_lacks_memory_info_v2(tmp_path: Path) -> None:
+    old = build_fake_nvml(tmp_path / "old", old_driver=True)
+    with fake_nvml_loaded(old, write_config({"devices": [GPU]}, tmp_path / "o.cfg")):
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+            pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        assert pynvml.nvmlDeviceGetMemoryInfo(h).used == 10
+        pynvml.nvmlShutdown()

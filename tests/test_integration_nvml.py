@@ -125,10 +125,13 @@ def test_lost_gpu_reported_while_the_others_keep_reporting(tmp_path: Path) -> No
         got = node.exporter.wait_for(lost_and_settled, SETTLE_S, "GPU 2 lost, the others' rows intact")
         ups = select(got, "nvidia_gpu_up")
         assert sorted(v for k, v in ups.items() if ("uuid", lost) not in k[1]) == [1.0, 1.0, 1.0]
-        assert _nvml_errors(got, code="NVMLError_GpuIsLost") >= 1
+        lost_errors = _nvml_errors(got, code="NVMLError_GpuIsLost")
+        assert lost_errors >= 1
         # sampling goes on: later cycles still carry the healthy devices' rows
         before = _samples_total(got)
         later = node.exporter.wait_for(lambda s: _samples_total(s) >= before + 3, SETTLE_S, "more cycles")
+        # the lost GPU is re-probed after a 10 s backoff, not in every cycle (one probe may fall in here)
+        assert _nvml_errors(later, code="NVMLError_GpuIsLost") - lost_errors <= 1
         assert _without_uuid(seed_rows(later), lost) == healthy_rows
         assert set(select(later, "nvidia_gpu_up", uuid=lost).values()) == {0.0}
         assert value(later, "kube_gpu_exporter_sample_failures_total") == 0
@@ -143,7 +146,9 @@ def test_init_failures_then_recovery_while_metrics_keep_answering(tmp_path: Path
     with exporter_node(scenario, tmp_path) as node:
         first = parse_exposition(node.exporter.wait_ready(READY_S))
         assert value(first, "kube_gpu_exporter_nvml_up") == 0
-        assert not seed_rows(first) or select(first, "nvidia_gpu_num_devices")
+        # no device is known while NVML is down (allocation rows from the pods may already be there)
+        for family in ("nvidia_gpu_info", "nvidia_gpu_up", "nvidia_gpu_memory_total_bytes"):
+            assert not select(first, family), family
         seen: list[float] = [0.0]  # the first page: served while NVML was still down
 
         def recovered() -> dict[Key, float] | None:
@@ -160,12 +165,15 @@ def test_init_failures_then_recovery_while_metrics_keep_answering(tmp_path: Path
 def test_old_driver_falls_back_to_v2_process_lists(tmp_path: Path) -> None:
     scenario = _mixed()
     scenario["nvml"] = {"old_driver": True}  # the library variant without the *_v3 symbols
+    # nor nvmlDeviceGetCurrentClocksEventReasons: the bits come from the ThrottleReasons call then
+    scenario["devices"][0]["clocks_event_reasons"] = 0x4
     want = _oracle(scenario, tmp_path)
     assert select(want, "nvidia_gpu_memory_used_bytes", allocate_mode="share")
     with exporter_node(scenario, tmp_path) as node:
         node.exporter.wait_ready(READY_S)
         got = _wait_equal(node, want)
         assert _nvml_errors(got) == 0
+        assert list(select(got, "nvidia_gpu_clocks_event_reasons", uuid=_uuid(scenario, 0)).values()) == [4.0]
 
 
 def test_process_growth_between_probe_and_fetch_loses_no_process(tmp_path: Path) -> None:
@@ -181,6 +189,32 @@ def test_process_growth_between_probe_and_fetch_loses_no_process(tmp_path: Path)
         got = node.exporter.wait_for(lambda s: _samples_total(s) >= 3 and seed_rows(s) == want, SETTLE_S,
                                      "three cycles with every process attributed")
         assert _nvml_errors(got) == 0
+
+
+def test_an_idle_process_reads_zero_once_its_samples_were_seen(tmp_path: Path) -> None:
+    # Every process stops computing after tick IDLE and keeps its memory. From cycle IDLE + 1 the
+    # driver has no sample newer than lastSeenTimeStamp (NOT_FOUND: idle). A backend that asked with
+    # a stale lastSeenTimeStamp would get the old samples again for the 7 more cycles that the
+    # driver's buffer keeps them, and keep reporting the old utilization.
+    idle = 5
+    scenario = _mixed()
+    scenario["nvml"] = {"idle_after_ticks": idle}
+    want = _oracle(scenario, tmp_path)
+    busy = {k: v for k, v in want.items() if v > 0 and (
+        k[0] == "nvidia_gpu_unaccounted_process_duty_cycle"
+        or (k[0] == "nvidia_gpu_duty_cycle" and ("allocate_mode", "share") in k[1]))}
+    assert len(busy) == 2, "the shared GPU's two containers carry process utilization"
+    with exporter_node(scenario, tmp_path, interval=1.0) as node:
+        first = parse_exposition(node.exporter.wait_ready(READY_S))
+        assert _samples_total(first) <= idle, "the first scrape came after the processes went idle"
+        assert {k: first.get(k) for k in busy} == busy
+        got = node.exporter.wait_for(lambda s: _samples_total(s) > idle, SETTLE_S, "a cycle after the idle tick")
+        assert _samples_total(got) < idle + 8, "scraped too late: the driver's buffer would have aged out"
+        assert {k: got.get(k) for k in busy} == dict.fromkeys(busy, 0.0)
+        assert _nvml_errors(got) == 0
+        # the memory rows do not change: the processes are still there
+        memory = {k: v for k, v in want.items() if k[0] == "nvidia_gpu_memory_used_bytes"}
+        assert {k: got.get(k) for k in memory} == memory
 
 
 def test_gpu_process_without_proc_entry_is_skipped_as_exited(tmp_path: Path) -> None:

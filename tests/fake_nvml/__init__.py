@@ -48,7 +48,7 @@ _DEVICE_KEYS = frozenset(_DEVICE_INTS) | {
 }
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
 _NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock", "timestamps",
-                        "growth_every_tick", "cuda_driver_version"})
+                        "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
 _TOP_KEYS = frozenset({"node", "node_labels", "devices", "pods", "pod_resources", "nvml", "description"})
 
 
@@ -207,6 +207,8 @@ def config_text(scenario: Mapping[str, Any]) -> str:
         raise FakeNvmlError(f"nvml.timestamps: must be ticks or wallclock, got {timestamps!r}")
     lines.append(f"timestamps {timestamps}")
     lines.append(f"growth_every_tick {1 if nvml.get('growth_every_tick') else 0}")
+    if nvml.get("idle_after_ticks") is not None:
+        lines.append(f"idle_after_ticks {_int(nvml['idle_after_ticks'], 'nvml.idle_after_ticks')}")
     if "cuda_driver_version" in nvml:
         lines.append(f"cuda_driver_version {_int(nvml['cuda_driver_version'], 'nvml.cuda_driver_version')}")
     for i, d in enumerate(_seq(top.get("devices"), "devices")):

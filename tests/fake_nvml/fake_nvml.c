@@ -15,7 +15,8 @@
  * Build: gcc -shared -fPIC -fvisibility=hidden -pthread -Wl,-soname,libnvidia-ml.so.1
  *        [-DOLD_DRIVER] -o DIR/libnvidia-ml.so.1 fake_nvml.c
  * OLD_DRIVER leaves out the symbols newer than driver 510 (the _v3 process lists,
- * nvmlDeviceGetCurrentClocksEventReasons) so that dlsym fails as on an old driver.
+ * nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetMemoryInfo_v2) so that dlsym fails as
+ * on an old driver.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -53,6 +54,7 @@ enum {
     NVML_ERROR_IN_USE = 19,
     NVML_ERROR_MEMORY = 20,
     NVML_ERROR_NO_DATA = 21,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -65,6 +67,18 @@ typedef struct {
     unsigned long long free;
     unsigned long long used;
 } nvmlMemory_t;
+
+/* nvmlMemory_v2_t: "used" excludes "reserved" here, where v1's includes it */
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+/* NVML_STRUCT_VERSION(Memory, 2): the struct size in the low bits, the version in the top byte */
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+#define NVML_DEVICE_MIG_DISABLE 0u
 
 typedef struct {
     unsigned int gpu;
@@ -234,6 +248,8 @@ struct config {
     int manual_clock;
     int wallclock;       /* util sample timeStamps are CPU time (epoch us), as the driver's */
     int growth_every_tick; /* process_growth re-arms each tick, not only after init */
+    int idle_after_set;
+    unsigned long long idle_after_ticks; /* no utilization samples after this tick */
     unsigned int cuda_driver_version;
     unsigned int ndevices;
     struct fake_device devices[MAX_DEVICES];
@@ -342,6 +358,10 @@ static int parse_line(struct config *c, char *key, char *rest) {
         else
             return -1;
         return 0;
+    }
+    if (strcmp(key, "idle_after_ticks") == 0) {
+        c->idle_after_set = 1;
+        return parse_ull(rest, &c->idle_after_ticks);
     }
     if (strcmp(key, "growth_every_tick") == 0) {
         unsigned int v;
@@ -580,6 +600,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_ERROR_OPERATING_SYSTEM: return "The operating system has blocked the request.";
     case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
     case NVML_ERROR_MEMORY: return "Insufficient Memory";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
     }
 }
@@ -750,6 +771,30 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *memory
                                                        : total - used;
     RETURN(NVML_SUCCESS);
 }
+
+#ifndef OLD_DRIVER
+/* Drivers >= 515. Nothing is reserved in the fake, so v2's "used" equals v1's. */
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *memory) {
+    DEVICE_PROLOGUE(h, d);
+    if (cfg.old_driver)
+        RETURN(NVML_ERROR_FUNCTION_NOT_FOUND); /* a normal build given "old_driver 1" */
+    if (memory == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (memory->version != NVML_MEMORY_V2)
+        RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (d->not_supported[F_MEMORY] || !d->have[V_MEMORY_TOTAL])
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long total = d->value[V_MEMORY_TOTAL];
+    unsigned long long used = d->have[V_MEMORY_USED] ? d->value[V_MEMORY_USED] : NVML_VALUE_NOT_AVAILABLE_ULL;
+    memory->total = total;
+    memory->reserved = 0;
+    memory->used = used;
+    memory->free = used == NVML_VALUE_NOT_AVAILABLE_ULL ? NVML_VALUE_NOT_AVAILABLE_ULL
+                   : used > total                      ? 0
+                                                       : total - used;
+    RETURN(NVML_SUCCESS);
+}
+#endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *util) {
     DEVICE_PROLOGUE(h, d);
@@ -936,6 +981,27 @@ PROCESS_CALL_V3(nvmlDeviceGetMPSComputeRunningProcesses_v3, L_MPS)
 
 /* ---- calls other NVML consumers make (nvitop); the scenario has no values for them ---- */
 
+/* MIG-capable boards with MIG off (the fake has no MIG devices): current and pending mode. */
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t h, unsigned int *currentMode, unsigned int *pendingMode) {
+    DEVICE_PROLOGUE(h, d);
+    (void)d;
+    if (currentMode == NULL || pendingMode == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *currentMode = NVML_DEVICE_MIG_DISABLE;
+    *pendingMode = NVML_DEVICE_MIG_DISABLE;
+    RETURN(NVML_SUCCESS);
+}
+
+/* Every handle the fake hands out is a physical GPU's. */
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t h, unsigned int *isMigDevice) {
+    DEVICE_PROLOGUE(h, d);
+    (void)d;
+    if (isMigDevice == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *isMigDevice = 0;
+    RETURN(NVML_SUCCESS);
+}
+
 /* NOT_SUPPORTED, as on GPUs without the feature (passive cooling, no power management, ...):
    a valid answer the caller must handle, after the usual device checks. */
 #define UNSUPPORTED_UINT(fn)                                        \
@@ -981,7 +1047,9 @@ static unsigned int util_samples(const struct fake_device *d, unsigned long long
                                  nvmlProcessUtilizationSample_t *out, unsigned int cap) {
     unsigned int n = 0;
     unsigned long long first = d->tick >= UTIL_BUFFER_TICKS ? d->tick - UTIL_BUFFER_TICKS + 1 : 1;
-    for (unsigned long long t = first; t <= d->tick; t++) {
+    /* idle_after_ticks: the processes stop computing (and keep their memory) after that tick */
+    unsigned long long last = cfg.idle_after_set && cfg.idle_after_ticks < d->tick ? cfg.idle_after_ticks : d->tick;
+    for (unsigned long long t = first; t <= last; t++) {
         unsigned long long ts = cfg.wallclock ? d->tick_us[t % UTIL_BUFFER_TICKS] : t * TICK_US;
         if (ts <= last_seen)
             continue;
