@@ -414,3 +414,24 @@ def test_every_panel_query_returns_data(exporters: list[Target], tmp_path: Path)
 def test_every_panel_query_returns_data_with_a_cluster_label(exporters: list[Target], tmp_path: Path) -> None:
     _check_on_prometheus(tmp_path, exporters, DashboardOptions(cluster_label="cluster"),
                          RuleOptions(cluster_label="cluster", interval="1s"), cluster=True)  # fmt: skip
+
+
+# ------------------------------------------------------------------ docs
+
+
+def test_docs_describe_every_panel_variable_and_option() -> None:
+    doc = (ROOT / "docs" / "dashboards.md").read_text(encoding="utf-8")
+    for name, board in _boards(DashboardOptions()).items():
+        assert f"`dashboards/{name}`" in doc and f"`{board['uid']}`" in doc
+        section = doc.split(f"## {board['title']}\n", 1)
+        assert len(section) == 2, f"no section for {board['title']}"
+        section_text = re.sub(r"\s+", " ", section[1].split("\n## ", 1)[0])
+        for p in board["panels"]:
+            assert f"**{p['title']}**" in section_text, f"{board['title']}: panel {p['title']!r} undocumented"
+        for var in _variables(board):
+            assert f"`{var['query']}`" in doc, var["query"]
+    flags = {s for act in dashboardsgen.build_parser()._actions for s in act.option_strings if s.startswith("--")}
+    for flag in sorted(flags - {"--help", "--output"}):
+        assert f"`{flag}" in doc, flag
+    assert "kube-gpu-exporter dashboards -o dashboards\n" in doc
+    assert f"kube-gpu-exporter dashboards --format configmap -o {CONFIGMAP}\n" in doc
