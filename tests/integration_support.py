@@ -8,7 +8,8 @@ One scenario file (the simulated node's format, see docs/testing.md) drives all 
 * the kubelet pod-resources API (:class:`PodResourcesServer`, real grpcio on a unix socket).
 
 :func:`exporter_node` starts them all plus ``python -m exporter`` and yields a :class:`Node`;
-:class:`ExporterProcess` scrapes it. Also used by ``bench/`` (:func:`generate_node`).
+:func:`nvitop_exporter` starts the peer, ``nvitop-exporter`` from PyPI, on the same fake NVML;
+:class:`ExporterProcess` scrapes either. Also used by ``bench/`` (:func:`generate_node`).
 """
 
 from __future__ import annotations
@@ -410,3 +411,32 @@ def exporter_node(scenario: Mapping[str, Any], workdir: Path, *, missing_pids: S
         exporter = ExporterProcess(argv, env, port, workdir / "exporter.log").start()
         stack.callback(exporter.stop)
         yield Node(exporter, api, podres, scenario, path, proc_root)
+
+
+NVITOP_HOSTNAME = "fake-node"  # nvitop-exporter's "hostname" label (it defaults to an IP address)
+
+
+@contextlib.contextmanager
+def nvitop_exporter(scenario: Mapping[str, Any], workdir: Path, *, interval: float = 0.5,
+                    python: str = sys.executable) -> Iterator[ExporterProcess]:
+    """Start ``nvitop-exporter`` (the PyPI package, unchanged) on the fake NVML for ``scenario``.
+
+    nvitop asks for utilization samples newer than "one second ago" in epoch microseconds, so
+    the fake stamps samples with the wall clock (``nvml.timestamps: wallclock``) unless the
+    scenario says otherwise. It reads NVML only: no /proc tree, no pods.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    scenario = copy.deepcopy(dict(scenario))
+    scenario["nvml"] = {"timestamps": "wallclock", **(scenario.get("nvml") or {})}
+    lib = build_fake_nvml(workdir / ("nvml-old" if wants_old_driver(scenario) else "nvml"),
+                          old_driver=wants_old_driver(scenario))
+    config = write_config(scenario, workdir / "fake_nvml.cfg")
+    port = free_port()
+    argv = [python, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(port),
+            "--interval", str(interval), "--hostname", NVITOP_HOSTNAME]
+    proc = ExporterProcess(argv, subprocess_env(lib.parent, config), port, workdir / "nvitop.log").start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
