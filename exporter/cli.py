@@ -199,7 +199,10 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
          closers: list, late_starts: list) -> Callable[[], list]:
     """Start the Xid watcher when configured; return its metric families source."""
     kmsg_path = cfg.kmsg_path or (None if cfg.simulate else "/dev/kmsg")
-    if not cfg.xid or kmsg_path is None:
+    # NVML events need the real library: a simulated node has none (its scenario's xid_events feed
+    # only the fake libnvidia-ml.so.1 of the tests), so the second source is off under --simulate.
+    nvml_events = cfg.xid_nvml_events and not cfg.simulate
+    if not cfg.xid or (kmsg_path is None and not nvml_events):
         return list
     from exporter.xid import bus_id_from_nvml
     from exporter.xid_watcher import XidWatcher, xid_metric_families
@@ -219,12 +222,17 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
         sink = EventsWriter(api_client)
         sink.start()
         closers.append(sink.stop)
+    nvml_source = None
+    if nvml_events:
+        from exporter.nvml_xid import NvmlXidSource
+        nvml_source = NvmlXidSource()  # the watcher's default clock (time.time) stamps both sources
     watcher = XidWatcher(kmsg_path, node, resolve_bus_id, resolve_pid, sink,
-                         replay_from_start=cfg.kmsg_replay, lookback_seconds=cfg.xid_lookback)
+                         replay_from_start=cfg.kmsg_replay, lookback_seconds=cfg.xid_lookback,
+                         nvml_source=nvml_source)
 
     def start() -> None:
         try:
-            watcher.start()
+            watcher.start()  # without kmsg access it goes on with NVML events, when enabled
         except OSError as e:
             # e.g. no CAP_SYSLOG with kernel.dmesg_restrict=1: GPU metrics matter more than Xids.
             log.error("Xid watcher disabled: cannot read %s: %s", kmsg_path, e)

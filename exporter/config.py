@@ -39,6 +39,7 @@ class Config:
     kmsg_path: str | None
     kmsg_replay: bool
     xid_lookback: float
+    xid_nvml_events: bool
     events: bool
     log_level: str
 
@@ -83,6 +84,8 @@ OPTIONS: tuple[Option, ...] = (
            "(default /dev/kmsg; none under --simulate)"),
     Option("--kmsg-replay", False, "read the kmsg path from its start (default: only new records)", bool),
     Option("--xid-lookback", 0.0, "also report Xids logged up to this many seconds before start", float),
+    Option("--xid-nvml-events", True, "also take Xids from NVML events, deduplicated against the kernel log "
+           "(works without kernel log access; off under --simulate)", bool),
     Option("--events", True, "post Kubernetes Events for Xid errors", bool),
     Option("--log-level", "info", "debug, info, warning or error"),
 )

@@ -1,5 +1,5 @@
 """NVML Xid events as the second Xid source: the pure dedup rule, the NVML thread against the fake
-libnvidia-ml.so.1 (real pynvml, no mocks), and the watcher pairing both sources."""
+libnvidia-ml.so.1 (real pynvml, no mocks), the watcher pairing both sources, and the daemon wiring."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from typing import Any
 import pynvml
 import pytest
 from kubernetes.client import EventsV1Api
+from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.cli import build_daemon
+from exporter.config import load_config
 from exporter.events_writer import EventsWriter
 from exporter.nvml_xid import NvmlXid, NvmlXidSource
 from exporter.xid_watcher import NVML_DEDUP_WINDOW_SECONDS, XidDedup, XidStats, XidWatcher, xid_metric_families
@@ -397,3 +400,51 @@ def test_nvml_families_render(lib: Path, tmp_path: Path) -> None:
         ("call", "nvmlDeviceGetHandleByIndex"), ("code", "NVMLError_GpuIsLost"), ("node_name", NODE)))] == 1
     assert not any(name.startswith("kube_gpu_exporter_xid_nvml") for name, _ in
                    ((s.name, 0) for fam in xid_metric_families(XidStats(), NODE) for s in fam.samples))
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+def exposition(body: bytes) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+
+
+def test_daemon_takes_nvml_xids_and_pairs_them_with_the_kernel_log(lib: Path, tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_bytes(kmsg_xid(1, pid=0))
+    devices = with_xids(0, (3, 79))
+    with fake(lib, tmp_path, devices, clock="auto"):
+        cfg = load_config(["--no-pod-watch", "--pod-resources-socket", "", "--node-name", NODE,
+                           "--kmsg-path", str(kmsg), "--kmsg-replay", "--interval", "0.05",
+                           "--host-proc", str(tmp_path)], environ={})
+        assert cfg.xid_nvml_events
+        daemon = build_daemon(cfg)
+        try:
+            daemon.start()
+            key = ("kube_gpu_exporter_xid_nvml_events_total", (("node_name", NODE), ("result", "duplicate")))
+            rows = poll_until(lambda: (e := exposition(daemon.holder.get().body)).get(key) == 1 and e)
+        finally:
+            daemon.close()
+    xids = {k: v for k, v in rows.items() if k[0] == "nvidia_gpu_xid_errors_total"}
+    assert list(xids.values()) == [1]
+    assert dict(next(iter(xids))[1])["uuid"] == UUID0
+
+
+def test_daemon_flag_off_and_simulate_have_no_nvml_source(tmp_path: Path) -> None:
+    mixed = Path(__file__).resolve().parent.parent / "examples" / "mixed-4gpu-node.yaml"
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_bytes(b"")
+    for extra in ([], ["--xid-nvml-events"]):  # under --simulate the flag cannot turn it on
+        cfg = load_config(["--simulate", str(mixed), "--kmsg-path", str(kmsg), *extra], environ={})
+        daemon = build_daemon(cfg)
+        try:
+            daemon.start()
+            body = daemon.holder.get().body
+        finally:
+            daemon.close()
+        assert b"kube_gpu_exporter_xid_records_total" in body
+        assert b"kube_gpu_exporter_xid_nvml" not in body
+    env = {"KUBE_GPU_EXPORTER_XID_NVML_EVENTS": "false"}
+    assert load_config([], environ=env).xid_nvml_events is False
+    assert load_config(["--no-xid-nvml-events"], environ={}).xid_nvml_events is False
