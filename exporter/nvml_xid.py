@@ -9,7 +9,7 @@ A thin thread around NVML's event API (see docs/xid.md, "Second source: NVML eve
   exponential backoff, as the sampler's init is.
 * It blocks in ``nvmlEventSetWait_v2(set, wait_ms)``; a timeout just means no Xid, so
   :meth:`NvmlXidSource.stop` takes effect within ``wait_ms``. Any other wait error closes the
-  session and reopens it after a backoff (NVML reports a lost GPU here, every time).
+  session and reopens it after a backoff (e.g. GPU_IS_LOST once a GPU fell off the bus).
 * Each Xid goes to the ``handoff`` callable as an :class:`NvmlXid` (GPU identity read at
   registration, Xid, MIG instance, time received). The watcher deduplicates it against the kernel
   log (``exporter.xid_watcher.XidDedup``). Events before registration are never delivered by NVML.
