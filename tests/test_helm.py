@@ -87,6 +87,16 @@ def env_of(objs: list[dict]) -> dict[str, object]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(objs)["env"]}
 
 
+RECORDING_RULES = f"{RELEASE}-kube-gpu-exporter"  # the recording rules' PrometheusRule
+ALERT_RULES = f"{RELEASE}-kube-gpu-exporter-alerts"  # the alerts' PrometheusRule
+
+
+def named(objs: list[dict], kind: str, name: str) -> dict:
+    found = [o for o in by_kind(objs, kind) if o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, got {len(found)}"
+    return found[0]
+
+
 def rbac_rules(objs: list[dict]) -> set[tuple[str, str, str]]:
     roles = by_kind(objs, "ClusterRole")
     if not roles:
@@ -107,6 +117,9 @@ ALL_ON = {
                        "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"],
                                         "targetLabel": "instance"}]},
     "prometheusRule": {"labels": {"release": "kube-prometheus-stack"}},
+    "alerts": {"labels": {"team": "gpu"}, "annotations": {"example.com/a": "b"},
+               "additionalRuleLabels": {"team": "ml-platform"}},
+    "dashboards": {"enabled": True, "folder": "GPU"},
 }
 VALUE_SETS = {
     "default": {},
@@ -392,25 +405,29 @@ def test_headless_service_selects_the_daemonset_pods():
     assert ds["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
 
 
+def _monitoring(values: dict) -> set[str]:
+    return {f"{o['kind']}/{o['metadata']['name']}" for o in render(values)
+            if o["kind"] in ("ServiceMonitor", "PrometheusRule")}
+
+
 def test_monitoring_objects_only_with_the_crds_and_their_switches():
-    kinds = {o["kind"] for o in render()}
-    assert not kinds & {"ServiceMonitor", "PrometheusRule"}
+    sm, rules, alerts = (f"ServiceMonitor/{RECORDING_RULES}", f"PrometheusRule/{RECORDING_RULES}",
+                         f"PrometheusRule/{ALERT_RULES}")
+    assert _monitoring({}) == set()
     assert "Xid" not in notes()  # sanity: NOTES render
     assert "monitoring.coreos.com/v1 API (Prometheus Operator) was not found" in notes()
-    kinds = {o["kind"] for o in render(WITH_CRDS)}
-    assert {"ServiceMonitor", "PrometheusRule"} <= kinds
-    kinds = {o["kind"] for o in render({**WITH_CRDS, "serviceMonitor": {"enabled": False}})}
-    assert "ServiceMonitor" not in kinds and "PrometheusRule" in kinds
-    kinds = {o["kind"] for o in render({**WITH_CRDS, "prometheusRule": {"enabled": False}})}
-    assert "PrometheusRule" not in kinds and "ServiceMonitor" in kinds
-    kinds = {o["kind"] for o in render({**WITH_CRDS, "service": {"enabled": False}})}
-    assert not kinds & {"Service", "ServiceMonitor"}
+    assert _monitoring(WITH_CRDS) == {sm, rules, alerts}
+    assert _monitoring({**WITH_CRDS, "serviceMonitor": {"enabled": False}}) == {rules, alerts}
+    assert _monitoring({**WITH_CRDS, "prometheusRule": {"enabled": False}}) == {sm, alerts}
+    assert _monitoring({**WITH_CRDS, "alerts": {"enabled": False}}) == {sm, rules}
+    objs = render({**WITH_CRDS, "service": {"enabled": False}})
+    assert not {o["kind"] for o in objs} & {"Service", "ServiceMonitor"}
 
 
 def test_the_gate_is_the_capability_check():
     text = (CHART / "templates" / "_helpers.tpl").read_text()
     assert f'.Capabilities.APIVersions.Has "{MONITORING_API}"' in text
-    for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
+    for name in ("servicemonitor.yaml", "prometheusrule.yaml", "prometheusrule-alerts.yaml"):
         assert 'include "kube-gpu-exporter.monitoringAPI"' in (CHART / "templates" / name).read_text()
 
 
@@ -439,7 +456,7 @@ def bundle_groups() -> list[dict]:
 
 
 def test_prometheusrule_groups_equal_the_generated_bundle():
-    rule = one(render(ALL_ON), "PrometheusRule")
+    rule = named(render(ALL_ON), "PrometheusRule", RECORDING_RULES)
     assert rule["apiVersion"] == MONITORING_API
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert set(rule["spec"]) == {"groups"}
@@ -468,7 +485,7 @@ def test_sync_script_writes_the_bundle(tmp_path):
 
 
 def test_promtool_accepts_the_rules_of_the_rendered_prometheusrule(tmp_path):
-    rule = one(render(WITH_CRDS), "PrometheusRule")
+    rule = named(render(WITH_CRDS), "PrometheusRule", RECORDING_RULES)
     path = tmp_path / "chart-rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
     proc = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True,
@@ -482,10 +499,12 @@ def test_rule_label_names_must_match_the_exporter_while_the_bundle_is_installed(
     chart = helm_python.Chart.load(CHART)
     with pytest.raises(helm_python.HelmRenderError, match="bundled recording rules use pod_name"):
         chart.render({**WITH_CRDS, "config": {"podLabel": "pod"}}, name=RELEASE, namespace=NAMESPACE)
-    objs = render({**WITH_CRDS, "config": {"podLabel": "pod"}, "prometheusRule": {"enabled": False}})
+    # the alerts and dashboards refuse it too (tests/test_helm_monitoring.py)
+    objs = render({**WITH_CRDS, "config": {"podLabel": "pod"}, "prometheusRule": {"enabled": False},
+                   "alerts": {"enabled": False}})
     assert env_of(objs)["KUBE_GPU_EXPORTER_POD_LABEL"] == "pod"
     # explicitly setting the default is fine
-    assert by_kind(render({**WITH_CRDS, "config": {"podLabel": "pod_name"}}), "PrometheusRule")
+    assert named(render({**WITH_CRDS, "config": {"podLabel": "pod_name"}}), "PrometheusRule", RECORDING_RULES)
 
 
 def test_prometheus_adapter_configmap_carries_the_chart_rules():

@@ -89,15 +89,34 @@ true
 {{- toYaml $sc -}}
 {{- end -}}
 
-{{/* Checks that stop a rendering with a clear message. */}}
+{{/* Checks that stop a rendering with a clear message. The bundled recording rules, alerts and
+     dashboards were generated for the exporter's default label names: each one that is rendered
+     refuses other names (a renamed label would leave its queries silently empty). */}}
 {{- define "kube-gpu-exporter.validate" -}}
 {{- $defaults := dict "podLabel" "pod_name" "namespaceLabel" "namespace_name" "containerLabel" "container_name" -}}
-{{- if and .Values.prometheusRule.enabled (include "kube-gpu-exporter.monitoringAPI" .) -}}
+{{- $monitoring := include "kube-gpu-exporter.monitoringAPI" . -}}
+{{- $bundles := list -}}
+{{- if and .Values.prometheusRule.enabled $monitoring -}}
+{{- $bundles = append $bundles (list "recording rules" "prometheusRule.enabled=false" "kube-gpu-exporter rules" "docs/rules.md") -}}
+{{- end -}}
+{{- if and .Values.alerts.enabled $monitoring -}}
+{{- $bundles = append $bundles (list "alerts" "alerts.enabled=false" "kube-gpu-exporter alerts" "docs/alerts.md") -}}
+{{- end -}}
+{{- if .Values.dashboards.enabled -}}
+{{- $bundles = append $bundles (list "dashboards" "dashboards.enabled=false" "kube-gpu-exporter dashboards --format configmap" "docs/dashboards.md") -}}
+{{- end -}}
+{{- range $bundle := $bundles -}}
 {{- range $key, $default := $defaults -}}
 {{- $value := index $.Values.config $key -}}
 {{- if and $value (ne (toString $value) $default) -}}
-{{- fail (printf "config.%s=%s: the bundled recording rules use %s. Set prometheusRule.enabled=false and load `kube-gpu-exporter rules` rendered with the same label names (docs/rules.md)." $key (toString $value) $default) -}}
+{{- fail (printf "config.%s=%s: the bundled %s use %s. Set %s and load `%s` rendered with the same label names (%s)." $key (toString $value) (index $bundle 0) $default (index $bundle 1) (index $bundle 2) (index $bundle 3)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The matchers the alerts select the exporter's `up` series with: alerts.exporterSelector, or
+     the job the ServiceMonitor gives the targets (jobLabel app.kubernetes.io/name). */}}
+{{- define "kube-gpu-exporter.exporterSelector" -}}
+{{- default (printf "job=%s" (include "kube-gpu-exporter.name" . | quote)) .Values.alerts.exporterSelector -}}
 {{- end -}}
