@@ -310,3 +310,190 @@ def test_old_driver_build_lacks_memory_info_v2(tmp_path: Path) -> None:
             pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
         assert pynvml.nvmlDeviceGetMemoryInfo(h).used == 10
         pynvml.nvmlShutdown()
+
+
+# ---- MIG ----------------------------------------------------------------------------------
+
+MIG_CARD = {"uuid": "GPU-M", "name": "NVIDIA A100-SXM4-80GB", "minor_number": 4, "power_usage_milliwatts": 90_000,
+            "utilization_gpu": 10, "utilization_memory": 5, "encoder_utilization": 1, "decoder_utilization": 2,
+            "memory_total_bytes": 80, "memory_used_bytes": 30,
+            "mig_devices": [
+                {"uuid": "MIG-A", "profile": "3g.40gb", "gpu_instance_id": 2, "compute_instance_id": 0,
+                 "memory_total_bytes": 40, "memory_used_bytes": 20,
+                 "processes": [{"pid": 71, "used_memory_bytes": 20, "sm_util": 30}]},
+                {"uuid": "MIG-B", "profile": "1g.10gb", "memory_total_bytes": 10},
+            ]}
+
+
+@pytest.fixture
+def mig(lib: Path, tmp_path: Path) -> Iterator[tuple[FakeNvml, Any, Any, list[Any]]]:
+    """The fake with a card in MIG mode (index 0) and a plain GPU (index 1), initialised:
+    (fake, card handle, other handle, MIG handles by slot 1 and 2)."""
+    doc = {"nvml": {"clock": "manual"}, "devices": [MIG_CARD, dict(GPU, lost_after_ticks=5)]}
+    with fake_nvml_loaded(lib, write_config(doc, tmp_path / "mig.cfg")) as fake:
+        pynvml.nvmlInit()
+        card, other = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+        migs = [pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card, i) for i in (1, 2)]
+        try:
+            yield fake, card, other, migs
+        finally:
+            pynvml.nvmlShutdown()
+
+
+def address(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def test_mig_devices_are_enumerated_by_slot_with_slot_0_empty(mig: tuple[FakeNvml, Any, Any, list[Any]]) -> None:
+    _, card, other, (a, b) = mig
+    assert pynvml.nvmlDeviceGetCount() == 2  # physical GPUs only
+    assert pynvml.nvmlDeviceGetMigMode(card) == [pynvml.NVML_DEVICE_MIG_ENABLE] * 2
+    assert pynvml.nvmlDeviceGetMigMode(other) == [pynvml.NVML_DEVICE_MIG_DISABLE] * 2
+    assert (pynvml.nvmlDeviceGetMaxMigDeviceCount(card), pynvml.nvmlDeviceGetMaxMigDeviceCount(other)) == (7, 0)
+    for empty in (0, 3, 6):
+        with pytest.raises(pynvml.NVMLError_NotFound):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card, empty)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card, 7)  # past GetMaxMigDeviceCount
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(other, 1)  # MIG mode off
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetMigDeviceHandleByIndex(a, 1)  # a MIG device has no MIG devices
+    # the same handle each time, as NVML's index round trip promises
+    assert address(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card, 1)) == address(a)
+    assert [pynvml.nvmlDeviceGetIndex(m) for m in (a, b)] == [1, 2]
+    assert address(pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(b)) == address(card)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(card)
+    assert [pynvml.nvmlDeviceIsMigDeviceHandle(h).value for h in (card, other, a)] == [0, 0, 1]
+
+
+def test_mig_handles_answer_identity_memory_processes_and_instance_ids(
+        mig: tuple[FakeNvml, Any, Any, list[Any]]) -> None:
+    _, card, _, (a, b) = mig
+    assert [pynvml.nvmlDeviceGetUUID(m) for m in (a, b)] == ["MIG-A", "MIG-B"]
+    assert [pynvml.nvmlDeviceGetName(m) for m in (a, b)] == ["NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+                                                             "NVIDIA A100-SXM4-80GB MIG 1g.10gb"]
+    assert (pynvml.nvmlDeviceGetGpuInstanceId(a), pynvml.nvmlDeviceGetComputeInstanceId(a)) == (2, 0)
+    for call in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+        for h in (b, card):  # none in the scenario; a card has none
+            with pytest.raises(pynvml.NVMLError_NotSupported):
+                getattr(pynvml, call)(h)
+    m = pynvml.nvmlDeviceGetMemoryInfo(a)
+    assert (m.total, m.used, m.free) == (40, 20, 20)
+    assert pynvml.nvmlDeviceGetMemoryInfo(b, version=pynvml.nvmlMemory_v2).used == 2**64 - 1  # not available
+    (p,) = pynvml.nvmlDeviceGetComputeRunningProcesses(a)
+    assert (p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId) == (71, 20, 2, 0)
+    assert pynvml.nvmlDeviceGetComputeRunningProcesses(b) == []
+    assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(a) == []
+
+
+def test_calls_nvml_refuses_in_mig_mode_return_its_codes(mig: tuple[FakeNvml, Any, Any, list[Any]]) -> None:
+    fake, card, other, (a, _) = mig
+    fake.advance(1)
+    not_supported = [
+        (a, "nvmlDeviceGetUtilizationRates", ()), (card, "nvmlDeviceGetUtilizationRates", ()),
+        (a, "nvmlDeviceGetProcessUtilization", (0,)), (card, "nvmlDeviceGetProcessUtilization", (0,)),
+        (a, "nvmlDeviceGetEncoderUtilization", ()), (card, "nvmlDeviceGetDecoderUtilization", ()),
+        # the card's values are the card's: the fake does not answer them on a MIG handle
+        (a, "nvmlDeviceGetPowerUsage", ()), (a, "nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,)),
+        (a, "nvmlDeviceGetMinorNumber", ()), (a, "nvmlDeviceGetPciInfo", ()), (a, "nvmlDeviceGetMigMode", ()),
+        (a, "nvmlDeviceGetSupportedEventTypes", ()),
+    ]
+    for handle, call, args in not_supported:
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            getattr(pynvml, call)(handle, *args)
+    # the aggregate over the MIG devices needs privileges the fake's caller does not have
+    for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+                 "nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMemoryInfo"):
+        with pytest.raises(pynvml.NVMLError_NoPermission):
+            getattr(pynvml, call)(card)
+    assert pynvml.nvmlDeviceGetPowerUsage(card) == 90_000
+    assert pynvml.nvmlDeviceGetMinorNumber(card) == 4
+    assert [s.pid for s in pynvml.nvmlDeviceGetProcessUtilization(other, 0)] == [7]  # MIG mode off
+
+
+def test_a_board_without_mig_says_not_supported(lib: Path, tmp_path: Path) -> None:
+    doc = {"devices": [dict(GPU, not_supported=["mig"])]}
+    with fake_nvml_loaded(lib, write_config(doc, tmp_path / "t4.cfg")):
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetMigMode(h)
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(h) == 0  # "zero if MIG is not supported or enabled"
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+        pynvml.nvmlShutdown()
+
+
+def test_a_lost_card_takes_its_mig_handles_with_it(lib: Path, tmp_path: Path) -> None:
+    doc = {"nvml": {"clock": "manual"}, "devices": [dict(MIG_CARD, lost_after_ticks=1), GPU]}
+    with fake_nvml_loaded(lib, write_config(doc, tmp_path / "lost.cfg")) as fake:
+        pynvml.nvmlInit()
+        card, other = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+        a = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card, 1)
+        fake.advance(1)
+        assert pynvml.nvmlDeviceGetMemoryInfo(a).used == 20
+        calls = fake.device_calls(0)
+        fake.advance(1)
+        for call, handle in (("nvmlDeviceGetMemoryInfo", a), ("nvmlDeviceGetUUID", a),
+                             ("nvmlDeviceGetComputeRunningProcesses", a), ("nvmlDeviceGetPowerUsage", card)):
+            with pytest.raises(pynvml.NVMLError_GpuIsLost):
+                getattr(pynvml, call)(handle)
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card, 1)
+        assert fake.device_calls(0) == calls + 5  # calls on MIG handles count as the card's
+        assert pynvml.nvmlDeviceGetUUID(other) == "GPU-1"
+        pynvml.nvmlShutdown()
+
+
+def test_auto_clock_moves_a_mig_card_once_per_round_of_its_mig_devices(lib: Path, tmp_path: Path) -> None:
+    with fake_nvml_loaded(lib, write_config({"devices": [MIG_CARD]}, tmp_path / "auto.cfg")) as fake:
+        pynvml.nvmlInit()
+        card = pynvml.nvmlDeviceGetHandleByIndex(0)
+        migs = [pynvml.nvmlDeviceGetMigDeviceHandleByIndex(card, i) for i in (1, 2)]
+        for round_ in (1, 2, 3):
+            for m in migs:
+                with pytest.raises(pynvml.NVMLError_NotSupported):  # the probe is made all the same
+                    pynvml.nvmlDeviceGetProcessUtilization(m, 0)
+                assert fake.tick(0) == round_
+        pynvml.nvmlShutdown()
+
+
+def test_events_not_supported_on_one_device(lib: Path, tmp_path: Path) -> None:
+    doc = {"devices": [GPU, dict(GPU, uuid="GPU-2", not_supported=["events"])]}
+    with fake_nvml_loaded(lib, write_config(doc, tmp_path / "ev.cfg")) as fake:
+        pynvml.nvmlInit()
+        events = pynvml.nvmlEventSetCreate()
+        h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
+        assert pynvml.nvmlDeviceGetSupportedEventTypes(h0) & pynvml.nvmlEventTypeXidCriticalError
+        assert pynvml.nvmlDeviceGetSupportedEventTypes(h1) & pynvml.nvmlEventTypeXidCriticalError == 0
+        pynvml.nvmlDeviceRegisterEvents(h0, pynvml.nvmlEventTypeXidCriticalError, events)
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlDeviceRegisterEvents(h1, pynvml.nvmlEventTypeXidCriticalError, events)
+        assert fake.calls("nvmlDeviceRegisterEvents") == 2
+        pynvml.nvmlEventSetFree(events)
+        pynvml.nvmlShutdown()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(processes=[{"pid": 9}]), "processes on them, not on itself"),
+    (lambda d: d.update(mig_devices=[]), "MIG mode with no MIG device"),
+    (lambda d: d.update(not_supported=["mig"]), "not_supported mig contradicts mig_devices"),
+    (lambda d: d["mig_devices"][0].update(uuid="GPU-X"), "starts with MIG-"),
+    (lambda d: d["mig_devices"][0].pop("profile"), "'profile' is required"),
+    (lambda d: d["mig_devices"][0].update(power_usage_milliwatts=1), r"unknown key\(s\) power_usage_milliwatts"),
+])
+def test_converter_rejects_broken_mig_devices(change: Any, message: str) -> None:
+    card = json.loads(json.dumps(MIG_CARD))
+    change(card)
+    with pytest.raises(FakeNvmlError, match=message):
+        config_text({"devices": [card]})
+
+
+def test_library_rejects_card_values_on_a_mig_device(lib: Path, tmp_path: Path) -> None:
+    # the converter never writes these; a hand-written config that does is refused at init
+    text = config_text({"devices": [MIG_CARD]}) + "power_usage_milliwatts 5\n"
+    (tmp_path / "bad.cfg").write_text(text)
+    with fake_nvml_loaded(lib, tmp_path / "bad.cfg"), pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlInit()

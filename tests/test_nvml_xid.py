@@ -210,6 +210,20 @@ def test_a_gpu_that_fails_to_register_is_skipped_and_counted(lib: Path, tmp_path
             pynvml.nvmlShutdown()
 
 
+def test_a_gpu_without_xid_events_is_skipped_and_counted(lib: Path, tmp_path: Path) -> None:
+    devices = with_xids(2, (1, 31))
+    devices[1]["not_supported"] = ["events"]  # its supported event types lack Xid
+    with fake(lib, tmp_path, devices) as f:
+        source = NvmlXidSource(wait_ms=20)
+        with running(source) as got:
+            poll_until(lambda: source.registered_devices == 2)
+            f.advance(1)
+            poll_until(lambda: got)
+        assert [(x.uuid, x.xid) for x in got] == [(GPUS[2]["uuid"], 31)]
+        assert source.errors() == {("nvmlDeviceRegisterEvents", "NVMLError_NotSupported"): 1}
+        assert f.calls("nvmlDeviceRegisterEvents") == 2  # not asked for what it said it cannot do
+
+
 def test_nvml_down_is_retried_with_backoff(lib: Path, tmp_path: Path) -> None:
     with fake(lib, tmp_path, with_xids(0, (1, 79)), init_failures=3) as f:
         source = NvmlXidSource(wait_ms=20, backoff_s=0.01, backoff_max_s=0.02)

@@ -36,6 +36,8 @@ NOT_SUPPORTED_NAMES = frozenset({
     "power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
     "clocks_event_reasons", "process_utilization", "memory",
 })
+# not_supported names of the fake alone: NVML calls the simulated node does not stand in for
+FAKE_ONLY_NOT_SUPPORTED = frozenset({"events", "mig"})
 # scenario device key -> config key for the plain integer values
 _DEVICE_INTS = (
     "memory_total_bytes", "utilization_gpu", "utilization_memory", "power_usage_milliwatts",
@@ -44,8 +46,11 @@ _DEVICE_INTS = (
 )
 _DEVICE_KEYS = frozenset(_DEVICE_INTS) | {
     "uuid", "name", "minor_number", "pci_bus_id", "memory_used_bytes", "processes", "not_supported",
-    "lost_after_ticks", "process_growth", "xid_events",
+    "lost_after_ticks", "process_growth", "xid_events", "mig_devices",
 }
+# the keys of a MIG device, as exporter/simulate.py reads them
+_MIG_KEYS = frozenset({"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
+                       "memory_used_bytes", "processes"})
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
 _NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock", "timestamps",
                         "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
@@ -164,10 +169,12 @@ def _device_lines(raw: object, index: int) -> list[str]:
         used = d["memory_used_bytes"]
         used_text = "NA" if used is None else str(_int(used, f"{where}.memory_used_bytes"))
         lines.append(f"memory_used_bytes {used_text}")
-    for name in _seq(d.get("not_supported"), f"{where}.not_supported"):
-        if name not in NOT_SUPPORTED_NAMES:
+    allowed = NOT_SUPPORTED_NAMES | FAKE_ONLY_NOT_SUPPORTED
+    not_supported = _seq(d.get("not_supported"), f"{where}.not_supported")
+    for name in not_supported:
+        if name not in allowed:
             raise FakeNvmlError(f"{where}.not_supported: unknown field {name!r}; "
-                                f"allowed: {', '.join(sorted(NOT_SUPPORTED_NAMES))}")
+                                f"allowed: {', '.join(sorted(allowed))}")
         lines.append(f"not_supported {name}")
     for key in ("lost_after_ticks", "process_growth"):
         if d.get(key) is not None:
@@ -176,8 +183,45 @@ def _device_lines(raw: object, index: int) -> list[str]:
         xw = f"{where}.xid_events[{i}]"
         x = _check_keys(x, frozenset({"tick", "xid"}), xw)
         lines.append(f"xid {_int(x.get('tick'), f'{xw}.tick')} {_int(x.get('xid'), f'{xw}.xid')}")
-    for i, p in enumerate(_seq(d.get("processes"), f"{where}.processes")):
-        pw = f"{where}.processes[{i}]"
+    lines.extend(_process_lines(d.get("processes"), f"{where}.processes"))
+    if "mig_devices" in d:
+        if d.get("processes"):
+            raise FakeNvmlError(f"{where}: a GPU with mig_devices has its processes on them, not on itself")
+        if "mig" in not_supported:
+            raise FakeNvmlError(f"{where}: not_supported mig contradicts mig_devices")
+        migs = _seq(d["mig_devices"], f"{where}.mig_devices")
+        if not migs:
+            raise FakeNvmlError(f"{where}.mig_devices: MIG mode with no MIG device; leave the key out instead")
+        for j, m in enumerate(migs):
+            lines.extend(_mig_lines(m, f"{where}.mig_devices[{j}]", d["name"]))
+    return lines
+
+
+def _mig_lines(raw: object, where: str, card_name: str) -> list[str]:
+    """A MIG device's lines; they follow its card's (``mig`` starts one)."""
+    m = _check_keys(raw, _MIG_KEYS, where)
+    for key in ("uuid", "profile"):
+        if key not in m:
+            raise FakeNvmlError(f"{where}: '{key}' is required")
+    uuid = _text(m["uuid"], f"{where}.uuid")
+    if not uuid.startswith("MIG-"):
+        raise FakeNvmlError(f"{where}.uuid: a MIG device uuid starts with MIG-, got {uuid!r}")
+    # NVML names a MIG device "<card name> MIG <profile>"
+    lines = ["mig", f"uuid {uuid}", f"name {card_name} MIG {_text(m['profile'], f'{where}.profile')}"]
+    for key in ("gpu_instance_id", "compute_instance_id", "memory_total_bytes"):
+        if m.get(key) is not None:
+            lines.append(f"{key} {_int(m[key], f'{where}.{key}')}")
+    if "memory_used_bytes" in m:
+        used = m["memory_used_bytes"]
+        lines.append(f"memory_used_bytes {'NA' if used is None else _int(used, f'{where}.memory_used_bytes')}")
+    lines.extend(_process_lines(m.get("processes"), f"{where}.processes"))
+    return lines
+
+
+def _process_lines(raw: object, where: str) -> list[str]:
+    lines = []
+    for i, p in enumerate(_seq(raw, where)):
+        pw = f"{where}[{i}]"
         p = _check_keys(p, _PROCESS_KEYS, pw)
         kind = p.get("type", "compute")
         if kind not in ("compute", "graphics", "mps"):

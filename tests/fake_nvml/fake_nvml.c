@@ -10,7 +10,9 @@
  * Semantics follow nvml.h: reference-counted init, NVML_ERROR_UNINITIALIZED before init,
  * the two-call size probe of the running-process lists and of process utilization,
  * NVML_ERROR_NOT_FOUND when no utilization sample is newer than lastSeenTimeStamp, and
- * NVML_VALUE_NOT_AVAILABLE for memory the driver cannot report.
+ * NVML_VALUE_NOT_AVAILABLE for memory the driver cannot report. MIG: a card with MIG devices is
+ * in MIG mode; its MIG handles answer identity, memory, processes and instance ids, and the
+ * calls NVML refuses in MIG mode return NVML's codes (see docs/testing.md, "MIG").
  *
  * Build: gcc -shared -fPIC -fvisibility=hidden -pthread -Wl,-soname,libnvidia-ml.so.1
  *        [-DOLD_DRIVER] -o DIR/libnvidia-ml.so.1 fake_nvml.c
@@ -79,6 +81,7 @@ typedef struct {
 /* NVML_STRUCT_VERSION(Memory, 2): the struct size in the low bits, the version in the top byte */
 #define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
 #define NVML_DEVICE_MIG_DISABLE 0u
+#define NVML_DEVICE_MIG_ENABLE 1u
 
 typedef struct {
     unsigned int gpu;
@@ -148,6 +151,8 @@ typedef struct {
 /* ---- fake state ---- */
 
 #define MAX_DEVICES 16
+#define MAX_MIG_DEVICES 64 /* MIG devices of all cards together */
+#define MIG_SLOTS 7 /* nvmlDeviceGetMaxMigDeviceCount of an A100 / H100 (more if a card lists more) */
 #define MAX_PROCS 256
 #define MAX_XIDS 32
 #define MAX_EVENT_SETS 8
@@ -167,11 +172,13 @@ enum field {
     F_CLOCKS_EVENT_REASONS,
     F_PROCESS_UTILIZATION,
     F_MEMORY,
+    F_EVENTS, /* GetSupportedEventTypes without Xid, RegisterEvents NOT_SUPPORTED */
+    F_MIG,    /* a board without MIG: GetMigMode NOT_SUPPORTED */
     F_COUNT
 };
 static const char *const field_names[F_COUNT] = {
     "power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
-    "clocks_event_reasons", "process_utilization", "memory",
+    "clocks_event_reasons", "process_utilization", "memory", "events", "mig",
 };
 
 /* Configured values; a value absent from the config makes its call NOT_SUPPORTED. */
@@ -233,6 +240,16 @@ struct fake_device {
     unsigned long long tick_us[UTIL_BUFFER_TICKS]; /* "timestamps wallclock": when tick t began */
     unsigned long long last_seen; /* lastSeenTimeStamp of the latest utilization call */
     unsigned long calls;
+    /* MIG. A card in MIG mode has nmigs > 0 MIG devices in cfg.migs. A MIG device (is_mig) has
+       only uuid, name, memory, processes and instance ids of its own; its tick, lost state and
+       call count are its card's. */
+    unsigned int nmigs;
+    int is_mig;
+    unsigned int parent; /* MIG device: index of its card in cfg.devices */
+    unsigned int slot;   /* MIG device: its index for nvmlDeviceGetMigDeviceHandleByIndex */
+    int have_gi, have_ci;
+    unsigned int gi, ci; /* GPU instance id, compute instance id */
+    unsigned long long probe_tick; /* MIG device: its card's tick after its latest utilization probe */
 };
 
 struct fake_event_set {
@@ -253,6 +270,9 @@ struct config {
     unsigned int cuda_driver_version;
     unsigned int ndevices;
     struct fake_device devices[MAX_DEVICES];
+    int in_mig; /* parsing: the keys that follow a "mig" line belong to that MIG device */
+    unsigned int nmigs;
+    struct fake_device migs[MAX_MIG_DEVICES];
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -333,7 +353,8 @@ static int copy_str(char *dst, size_t size, const char *src) {
 
 /* One "key value" line; returns 0 or -1 for a malformed line. */
 static int parse_line(struct config *c, char *key, char *rest) {
-    struct fake_device *d = c->ndevices ? &c->devices[c->ndevices - 1] : NULL;
+    struct fake_device *card = c->ndevices ? &c->devices[c->ndevices - 1] : NULL;
+    struct fake_device *d = c->in_mig ? &c->migs[c->nmigs - 1] : card;
 
     if (strcmp(key, "fake_nvml_config") == 0)
         return strcmp(rest, "1") == 0 ? 0 : -1;
@@ -383,10 +404,34 @@ static int parse_line(struct config *c, char *key, char *rest) {
         if (c->ndevices >= MAX_DEVICES)
             return -1;
         c->ndevices++;
+        c->in_mig = 0;
+        return 0;
+    }
+    if (strcmp(key, "mig") == 0) {
+        /* a MIG device of the current card; slot 0 stays empty, so enumeration meets a gap */
+        if (card == NULL || *rest != '\0' || c->nmigs >= MAX_MIG_DEVICES)
+            return -1;
+        struct fake_device *m = &c->migs[c->nmigs++];
+        m->is_mig = 1;
+        m->parent = c->ndevices - 1;
+        m->slot = ++card->nmigs;
+        c->in_mig = 1;
         return 0;
     }
     if (d == NULL)
         return -1; /* every other key belongs to a device */
+    if (d->is_mig && strcmp(key, "uuid") != 0 && strcmp(key, "name") != 0 &&
+        strcmp(key, "memory_total_bytes") != 0 && strcmp(key, "memory_used_bytes") != 0 &&
+        strcmp(key, "gpu_instance_id") != 0 && strcmp(key, "compute_instance_id") != 0 &&
+        strcmp(key, "process") != 0)
+        return -1; /* the rest of a MIG device's values are its card's */
+    if (strcmp(key, "gpu_instance_id") == 0 || strcmp(key, "compute_instance_id") == 0) {
+        if (!d->is_mig)
+            return -1;
+        int gi = key[0] == 'g';
+        *(gi ? &d->have_gi : &d->have_ci) = 1;
+        return parse_uint(rest, gi ? &d->gi : &d->ci);
+    }
     if (strcmp(key, "uuid") == 0)
         return copy_str(d->uuid, sizeof d->uuid, rest);
     if (strcmp(key, "name") == 0)
@@ -515,11 +560,28 @@ static nvmlReturn_t load_config(struct config *c, uint64_t *key) {
 
 static int initialized(void) { return refcount > 0; }
 
+/* A card's handle or a MIG device's handle; NULL for anything else. */
 static struct fake_device *lookup(nvmlDevice_t h) {
     uintptr_t p = (uintptr_t)h, base = (uintptr_t)cfg.devices;
-    if (p < base || p >= base + cfg.ndevices * sizeof cfg.devices[0] || (p - base) % sizeof cfg.devices[0])
-        return NULL;
-    return h;
+    if (p >= base && p < base + cfg.ndevices * sizeof cfg.devices[0] && (p - base) % sizeof cfg.devices[0] == 0)
+        return h;
+    base = (uintptr_t)cfg.migs;
+    if (p >= base && p < base + cfg.nmigs * sizeof cfg.migs[0] && (p - base) % sizeof cfg.migs[0] == 0)
+        return h;
+    return NULL;
+}
+
+/* The physical GPU: the device itself, or a MIG device's card. */
+static struct fake_device *card_of(struct fake_device *d) {
+    return d->is_mig ? &cfg.devices[d->parent] : d;
+}
+
+/* A card in MIG mode (a MIG device is not a card: 0). */
+static int mig_mode(const struct fake_device *d) { return !d->is_mig && d->nmigs > 0; }
+
+/* nvmlDeviceGetMaxMigDeviceCount of a card in MIG mode */
+static unsigned int mig_slots(const struct fake_device *card) {
+    return card->nmigs + 1 > MIG_SLOTS ? card->nmigs + 1 : MIG_SLOTS;
 }
 
 static int is_lost(const struct fake_device *d) {
@@ -551,8 +613,9 @@ static nvmlReturn_t device_check(nvmlDevice_t h, struct fake_device **out) {
     struct fake_device *d = lookup(h);
     if (d == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    d->calls++;
-    if (is_lost(d))
+    struct fake_device *card = card_of(d); /* a MIG device falls off the bus with its card */
+    card->calls++;
+    if (is_lost(card))
         return NVML_ERROR_GPU_IS_LOST;
     *out = d;
     return NVML_SUCCESS;
@@ -713,6 +776,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t h, unsigned int *minor
     DEVICE_PROLOGUE(h, d);
     if (minor == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (d->is_mig)
+        RETURN(NVML_ERROR_NOT_SUPPORTED); /* the fake answers it on the card only */
     *minor = d->minor;
     RETURN(NVML_SUCCESS);
 }
@@ -721,7 +786,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t h, unsigned int *index) {
     DEVICE_PROLOGUE(h, d);
     if (index == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    *index = (unsigned int)(d - cfg.devices);
+    /* a MIG device's index is the one nvmlDeviceGetMigDeviceHandleByIndex takes */
+    *index = d->is_mig ? d->slot : (unsigned int)(d - cfg.devices);
     RETURN(NVML_SUCCESS);
 }
 
@@ -729,6 +795,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *pci) 
     DEVICE_PROLOGUE(h, d);
     if (pci == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (d->is_mig)
+        RETURN(NVML_ERROR_NOT_SUPPORTED); /* the fake answers it on the card only */
     memset(pci, 0, sizeof *pci);
     unsigned int domain = 0, bus = 0, dev = 0, fn = 0;
     /* "DDDDDDDD:BB:DD.F"; an id in another shape is passed through with zero numbers */
@@ -759,6 +827,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *memory
     DEVICE_PROLOGUE(h, d);
     if (memory == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (mig_mode(d))
+        RETURN(NVML_ERROR_NO_PERMISSION); /* the aggregate needs privileges; MIG handles have their own */
     if (d->not_supported[F_MEMORY] || !d->have[V_MEMORY_TOTAL])
         RETURN(NVML_ERROR_NOT_SUPPORTED);
     unsigned long long total = d->value[V_MEMORY_TOTAL];
@@ -782,6 +852,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != NVML_MEMORY_V2)
         RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (mig_mode(d))
+        RETURN(NVML_ERROR_NO_PERMISSION);
     if (d->not_supported[F_MEMORY] || !d->have[V_MEMORY_TOTAL])
         RETURN(NVML_ERROR_NOT_SUPPORTED);
     unsigned long long total = d->value[V_MEMORY_TOTAL];
@@ -800,7 +872,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilizatio
     DEVICE_PROLOGUE(h, d);
     if (util == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    if (unsupported(d, F_UTILIZATION, V_UTIL_GPU, V_UTIL_MEMORY))
+    /* "On MIG-enabled GPUs, querying device utilization rates is not currently supported" */
+    if (mig_mode(card_of(d)) || unsupported(d, F_UTILIZATION, V_UTIL_GPU, V_UTIL_MEMORY))
         RETURN(NVML_ERROR_NOT_SUPPORTED);
     util->gpu = (unsigned int)d->value[V_UTIL_GPU]; /* an absent half reads 0 */
     util->memory = (unsigned int)d->value[V_UTIL_MEMORY];
@@ -850,7 +923,8 @@ static nvmlReturn_t codec(nvmlDevice_t h, enum field f, enum value v, unsigned i
         return rc;
     if (util == NULL || period == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (unsupported(d, f, v, -1))
+    /* encoder and decoder utilization: not supported on MIG-enabled GPUs either */
+    if (mig_mode(card_of(d)) || unsupported(d, f, v, -1))
         return NVML_ERROR_NOT_SUPPORTED;
     *util = (unsigned int)d->value[v];
     *period = CODEC_PERIOD_US;
@@ -923,6 +997,10 @@ static nvmlReturn_t running_processes(nvmlDevice_t h, int list, unsigned int *co
         return rc;
     if (count == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
+    /* in MIG mode the card's list is the aggregate, for privileged callers only: the fake's caller
+       is not; each MIG handle lists its own processes */
+    if (mig_mode(d))
+        return NVML_ERROR_NO_PERMISSION;
     unsigned int n = 0;
     for (unsigned int i = 0; i < d->nprocs; i++)
         n += in_list(&d->procs[i], list);
@@ -948,8 +1026,8 @@ static nvmlReturn_t running_processes(nvmlDevice_t h, int list, unsigned int *co
             continue;
         infos[j].pid = p->pid;
         infos[j].usedGpuMemory = p->used_memory;
-        infos[j].gpuInstanceId = NVML_NO_INSTANCE;
-        infos[j].computeInstanceId = NVML_NO_INSTANCE;
+        infos[j].gpuInstanceId = d->is_mig && d->have_gi ? d->gi : NVML_NO_INSTANCE;
+        infos[j].computeInstanceId = d->is_mig && d->have_ci ? d->ci : NVML_NO_INSTANCE;
         j++;
     }
     *count = j;
@@ -979,28 +1057,87 @@ PROCESS_CALL_V3(nvmlDeviceGetGraphicsRunningProcesses_v3, L_GRAPHICS)
 PROCESS_CALL_V3(nvmlDeviceGetMPSComputeRunningProcesses_v3, L_MPS)
 #endif
 
-/* ---- calls other NVML consumers make (nvitop); the scenario has no values for them ---- */
+/* ---- MIG ---- */
 
-/* MIG-capable boards with MIG off (the fake has no MIG devices): current and pending mode. */
+/* Current and pending mode alike: enabled for a card with MIG devices, disabled for the others
+   (MIG-capable boards with MIG off); NOT_SUPPORTED on a board without MIG ("not_supported mig"). */
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t h, unsigned int *currentMode, unsigned int *pendingMode) {
     DEVICE_PROLOGUE(h, d);
-    (void)d;
     if (currentMode == NULL || pendingMode == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    *currentMode = NVML_DEVICE_MIG_DISABLE;
-    *pendingMode = NVML_DEVICE_MIG_DISABLE;
+    if (d->is_mig || d->not_supported[F_MIG])
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *currentMode = mig_mode(d) ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    *pendingMode = *currentMode;
     RETURN(NVML_SUCCESS);
 }
 
-/* Every handle the fake hands out is a physical GPU's. */
 EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t h, unsigned int *isMigDevice) {
     DEVICE_PROLOGUE(h, d);
-    (void)d;
     if (isMigDevice == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    *isMigDevice = 0;
+    *isMigDevice = d->is_mig ? 1u : 0u;
     RETURN(NVML_SUCCESS);
 }
+
+/* 0 when MIG is off or not supported, as nvml.h says. */
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t h, unsigned int *count) {
+    DEVICE_PROLOGUE(h, d);
+    if (count == NULL || d->is_mig)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *count = mig_mode(d) ? mig_slots(d) : 0u;
+    RETURN(NVML_SUCCESS);
+}
+
+/* NOT_FOUND for an empty slot (slot 0 always is; the MIG devices follow in scenario order). */
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t h, unsigned int index, nvmlDevice_t *migDevice) {
+    DEVICE_PROLOGUE(h, d);
+    if (migDevice == NULL || d->is_mig)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!mig_mode(d))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    if (index >= mig_slots(d))
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int card = (unsigned int)(d - cfg.devices);
+    for (unsigned int i = 0; i < cfg.nmigs; i++) {
+        if (cfg.migs[i].parent == card && cfg.migs[i].slot == index) {
+            *migDevice = &cfg.migs[i];
+            RETURN(NVML_SUCCESS);
+        }
+    }
+    RETURN(NVML_ERROR_NOT_FOUND);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    DEVICE_PROLOGUE(migDevice, d);
+    if (device == NULL || !d->is_mig)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    *device = card_of(d);
+    RETURN(NVML_SUCCESS);
+}
+
+/* Instance ids of a MIG device; NOT_SUPPORTED on a card or when the scenario gives none. */
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t h, unsigned int *id) {
+    DEVICE_PROLOGUE(h, d);
+    if (id == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!d->is_mig || !d->have_gi)
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *id = d->gi;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t h, unsigned int *id) {
+    DEVICE_PROLOGUE(h, d);
+    if (id == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!d->is_mig || !d->have_ci)
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *id = d->ci;
+    RETURN(NVML_SUCCESS);
+}
+
+/* ---- calls other NVML consumers make (nvitop); the scenario has no values for them ---- */
 
 /* NOT_SUPPORTED, as on GPUs without the feature (passive cooling, no power management, ...):
    a valid answer the caller must handle, after the usual device checks. */
@@ -1075,15 +1212,26 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessU
     ENTER();
     struct fake_device *d = lookup(h);
     /* clock auto: the size probe (NULL buffer) starts a new sampling period, before
-       anything else is decided; pynvml makes exactly one probe per call */
-    if (initialized() && d != NULL && utilization == NULL && !cfg.manual_clock)
-        start_tick(d);
+       anything else is decided; pynvml makes exactly one probe per call. A card in MIG mode
+       has one period per round of probes on its MIG devices: the first MIG device probed
+       again (since the card's tick last moved) starts it. */
+    if (initialized() && d != NULL && utilization == NULL && !cfg.manual_clock) {
+        if (!d->is_mig) {
+            start_tick(d);
+        } else {
+            struct fake_device *card = card_of(d);
+            if (d->probe_tick >= card->tick)
+                start_tick(card);
+            d->probe_tick = card->tick;
+        }
+    }
     nvmlReturn_t rc = device_check(h, &d);
     if (rc != NVML_SUCCESS)
         RETURN(rc);
     if (processSamplesCount == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    if (d->not_supported[F_PROCESS_UTILIZATION])
+    /* "On MIG-enabled GPUs, querying process utilization is not currently supported" */
+    if (d->is_mig || mig_mode(d) || d->not_supported[F_PROCESS_UTILIZATION])
         RETURN(NVML_ERROR_NOT_SUPPORTED);
     d->last_seen = lastSeenTimeStamp;
     unsigned int n = util_samples(d, lastSeenTimeStamp, NULL, 0);
@@ -1123,12 +1271,14 @@ EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
     RETURN(NVML_ERROR_MEMORY);
 }
 
+/* Events are a card's: a MIG handle gets NOT_SUPPORTED. "not_supported events": no Xid events. */
 EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t h, unsigned long long *types) {
     DEVICE_PROLOGUE(h, d);
-    (void)d;
     if (types == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    *types = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+    if (d->is_mig)
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *types = d->not_supported[F_EVENTS] ? 0ULL : NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
     RETURN(NVML_SUCCESS);
 }
 
@@ -1137,7 +1287,7 @@ EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t h, unsigned long long 
     struct fake_event_set *s = lookup_set(set);
     if (s == NULL)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    if (types & ~NVML_EVENT_TYPE_XID_CRITICAL_ERROR)
+    if (d->is_mig || d->not_supported[F_EVENTS] || (types & ~NVML_EVENT_TYPE_XID_CRITICAL_ERROR))
         RETURN(NVML_ERROR_NOT_SUPPORTED);
     unsigned int i = (unsigned int)(d - cfg.devices);
     s->types[i] |= types;
