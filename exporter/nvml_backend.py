@@ -28,7 +28,27 @@ Rules that shape this module (facts in the NVML reference notes):
 * An unexpected exception outside NVML's error classes is counted under ``("sample_device",
   name)`` (that device reports no values this cycle) or ``("sample", name)``.
 
-MIG is not handled yet: MIG devices are neither enumerated nor attributed.
+MIG (docs/metrics.md, "MIG"): a GPU in MIG mode is not reported itself; its MIG devices take its
+place, with the same fields as the simulated node gives them.
+
+* ``nvmlDeviceGetMigMode`` is asked every cycle (a GPU's MIG mode can change within a session).
+  NotSupported means the GPU is not MIG-capable and it is not asked again this session; a driver
+  without the MIG calls (FunctionNotFound, before R450) means no GPU is in MIG mode. Neither is an
+  error. Any other failure is counted and the mode last read is kept.
+* MIG devices are enumerated every cycle (MIG devices can be created and destroyed at any time):
+  ``nvmlDeviceGetMaxMigDeviceCount``, then ``nvmlDeviceGetMigDeviceHandleByIndex`` for each slot,
+  where NotFound is an empty slot. The UUID of each handle is read every cycle; name, GPU and
+  compute instance ids once per UUID. The profile is the name's suffix after " MIG "
+  (``NVIDIA A100-SXM4-80GB MIG 3g.40gb``). A slot whose handle cannot be had this cycle keeps the
+  MIG device found there before, without values; a failed count keeps the last enumeration.
+* Per MIG device, on its own handle: memory, running processes (the card's lists are an
+  aggregate that needs privileges), and device, codec and process utilization, which current
+  drivers answer NotSupported on MIG devices (so MIG rows carry none, and ``util_samples_ok`` is
+  False). Minor number and PCI bus id are the card's; power, temperature, clocks, ECC and clocks
+  event reasons are read once per cycle on the card and repeated on each of its MIG devices.
+* A failing MIG call costs that field, or that MIG device when unexpected; ``GPU_IS_LOST`` from
+  the card or any of its MIG devices marks the card lost, reported as its last known MIG devices,
+  all lost (or as the card when none was ever found), re-probed with the card's backoff.
 """
 
 from __future__ import annotations
@@ -36,7 +56,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -80,9 +100,30 @@ def _known(value: int) -> int | None:
     return None if value == NVML_VALUE_NOT_AVAILABLE else int(value)
 
 
+def _mig_profile(name: str) -> str:
+    """``3g.40gb`` of ``NVIDIA A100-SXM4-80GB MIG 3g.40gb``; "" for a name without " MIG "."""
+    _, sep, profile = name.rpartition(" MIG ")
+    return profile.strip() if sep else ""
+
+
+@dataclass
+class _Mig:
+    """A MIG device of a card, as the latest enumeration found it."""
+
+    slot: int
+    handle: Any = None  # None: the slot's handle could not be had this cycle
+    uuid: str = ""
+    name: str = ""
+    profile: str = ""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    identity_ok: bool = False
+    last_seen_us: int = 0
+
+
 @dataclass
 class _Device:
-    """What the backend keeps about one device index between cycles."""
+    """What the backend keeps about one device index (a physical GPU) between cycles."""
 
     index: int
     handle: Any = None
@@ -95,6 +136,9 @@ class _Device:
     lost: bool = False
     lost_failures: int = 0
     next_probe_at: float = 0.0
+    mig_capable: bool = True  # False once nvmlDeviceGetMigMode said NotSupported
+    mig_mode: bool = False  # as last read
+    migs: list[_Mig] = field(default_factory=list)  # in MIG mode: its MIG devices, by slot
 
 
 class NvmlBackend:
@@ -126,6 +170,7 @@ class NvmlBackend:
         self._error_events = 0  # total counted, to tell whether a group of calls was clean
         self._v2_only: set[str] = set()  # process-list kinds whose _v3 symbol the driver lacks
         self._throttle_reasons_only = False  # driver predates nvmlDeviceGetCurrentClocksEventReasons
+        self._no_mig = False  # driver predates the MIG calls
 
     @property
     def nvml_up(self) -> bool:
@@ -168,7 +213,7 @@ class NvmlBackend:
             return ()
         if not self._initialized and (now < self._next_init_at or not self._init(now)):
             return ()
-        return tuple(self._sample_device(dev, now) for dev in self._devices)
+        return tuple(s for dev in self._devices for s in self._sample_device(dev, now))
 
     def _init(self, now: float) -> bool:
         try:
@@ -207,11 +252,12 @@ class NvmlBackend:
 
     # ---- one device ------------------------------------------------------------------------
 
-    def _sample_device(self, dev: _Device, now: float) -> DeviceSample:
+    def _sample_device(self, dev: _Device, now: float) -> tuple[DeviceSample, ...]:
+        """The GPU's sample, or its MIG devices' samples when it is in MIG mode."""
         if dev.lost and now < dev.next_probe_at:
             return self._absent(dev, lost=True)
         try:
-            sample = self._read_device(dev)
+            samples = self._read_device(dev)
         except _DeviceLost:
             dev.lost = True
             dev.lost_failures += 1
@@ -222,12 +268,21 @@ class NvmlBackend:
             return self._absent(dev, lost=False)
         dev.lost = False
         dev.lost_failures = 0
-        return sample
+        return samples
+
+    def _absent(self, dev: _Device, *, lost: bool) -> tuple[DeviceSample, ...]:
+        """Rows without values: the MIG devices last found on a card in MIG mode, else the card."""
+        if dev.mig_mode and dev.migs:
+            return tuple(self._absent_mig(dev, m, lost=lost) for m in dev.migs)
+        return (DeviceSample(index=dev.index, uuid=dev.uuid, name=dev.name, minor_number=dev.minor_number,
+                             pci_bus_id=dev.pci_bus_id, lost=lost, processes_ok=False, util_samples_ok=False),)
 
     @staticmethod
-    def _absent(dev: _Device, *, lost: bool) -> DeviceSample:
-        return DeviceSample(index=dev.index, uuid=dev.uuid, name=dev.name, minor_number=dev.minor_number,
-                            pci_bus_id=dev.pci_bus_id, lost=lost, processes_ok=False, util_samples_ok=False)
+    def _absent_mig(dev: _Device, m: _Mig, *, lost: bool) -> DeviceSample:
+        return DeviceSample(index=dev.index, uuid=m.uuid, name=m.name, minor_number=dev.minor_number,
+                            pci_bus_id=dev.pci_bus_id, lost=lost, processes_ok=False, util_samples_ok=False,
+                            parent_uuid=dev.uuid, gpu_instance_id=m.gpu_instance_id,
+                            compute_instance_id=m.compute_instance_id, mig_profile=m.profile)
 
     def _call(self, call: str, *args: Any, fallback: bool = False) -> Any:
         """``pynvml.<call>(*args)``; ``None`` when it failed. Raises only _DeviceLost / _FunctionMissing."""
@@ -246,28 +301,26 @@ class NvmlBackend:
             self._count(call, _error_name(e))
         return None
 
-    def _read_device(self, dev: _Device) -> DeviceSample:
+    def _read_device(self, dev: _Device) -> tuple[DeviceSample, ...]:
         if dev.handle is None:
             dev.handle = self._call("nvmlDeviceGetHandleByIndex", dev.index)
             if dev.handle is None:
                 return self._absent(dev, lost=False)
-        h = dev.handle
         if not dev.identity_ok:
             self._read_identity(dev)
+        if self._in_mig_mode(dev):
+            return self._read_mig_card(dev)
+        dev.migs = []
+        return (self._read_gpu(dev),)
 
+    def _read_gpu(self, dev: _Device) -> DeviceSample:
+        h = dev.handle
         memory = self._call("nvmlDeviceGetMemoryInfo", h)
         util = self._call("nvmlDeviceGetUtilizationRates", h)
-        power = self._call("nvmlDeviceGetPowerUsage", h)
-        temperature = self._call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
-        sm_clock = self._call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)
-        mem_clock = self._call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)
+        card = self._card_values(h)
         encoder = self._call("nvmlDeviceGetEncoderUtilization", h)
         decoder = self._call("nvmlDeviceGetDecoderUtilization", h)
-        ecc_corrected, ecc_uncorrected = (
-            self._call("nvmlDeviceGetTotalEccErrors", h, kind, pynvml.NVML_VOLATILE_ECC)
-            for kind in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
-        reasons = self._clocks_event_reasons(h)
-        processes, processes_ok = self._processes(dev)
+        processes, processes_ok = self._processes(h)
         util_samples, util_samples_ok = self._util_samples(dev)
         return DeviceSample(
             index=dev.index,
@@ -279,20 +332,33 @@ class NvmlBackend:
             memory_used_bytes=None if memory is None else _known(memory.used),
             utilization_gpu=None if util is None else int(util.gpu),
             utilization_memory=None if util is None else int(util.memory),
-            power_usage_milliwatts=power,
-            temperature_celsius=temperature,
-            sm_clock_mhz=sm_clock,
-            memory_clock_mhz=mem_clock,
             encoder_utilization=None if encoder is None else int(encoder[0]),
             decoder_utilization=None if decoder is None else int(decoder[0]),
-            ecc_corrected_total=ecc_corrected,
-            ecc_uncorrected_total=ecc_uncorrected,
-            clocks_event_reasons=reasons,
             processes=processes,
             processes_ok=processes_ok,
             util_samples=util_samples,
             util_samples_ok=util_samples_ok,
+            **card,
         )
+
+    def _card_values(self, h: Any) -> dict[str, int | None]:
+        """Power, temperature, clocks, ECC, clocks event reasons: what NVML answers for the card only."""
+        power = self._call("nvmlDeviceGetPowerUsage", h)
+        temperature = self._call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
+        sm_clock = self._call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)
+        mem_clock = self._call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)
+        ecc_corrected, ecc_uncorrected = (
+            self._call("nvmlDeviceGetTotalEccErrors", h, kind, pynvml.NVML_VOLATILE_ECC)
+            for kind in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+        return {
+            "power_usage_milliwatts": power,
+            "temperature_celsius": temperature,
+            "sm_clock_mhz": sm_clock,
+            "memory_clock_mhz": mem_clock,
+            "ecc_corrected_total": ecc_corrected,
+            "ecc_uncorrected_total": ecc_uncorrected,
+            "clocks_event_reasons": self._clocks_event_reasons(h),
+        }
 
     def _read_identity(self, dev: _Device) -> None:
         h = dev.handle
@@ -308,6 +374,126 @@ class NvmlBackend:
         # identity never changes within a session; read again only after a failed read
         dev.identity_ok = uuid is not None and self._error_events == errors_before
 
+    # ---- MIG -------------------------------------------------------------------------------
+
+    def _in_mig_mode(self, dev: _Device) -> bool:
+        if self._no_mig or not dev.mig_capable:
+            return False
+        call = "nvmlDeviceGetMigMode"
+        try:
+            current, _pending = pynvml.nvmlDeviceGetMigMode(dev.handle)
+        except _MISSING:
+            self._no_mig = True  # a driver before MIG: every GPU is whole
+            return False
+        except pynvml.NVMLError_NotSupported:
+            dev.mig_capable = False  # not a MIG-capable GPU: no need to ask again
+            return False
+        except pynvml.NVMLError_GpuIsLost:
+            self._count(call, "NVMLError_GpuIsLost")
+            raise _DeviceLost from None
+        except Exception as e:
+            self._count(call, _error_name(e))
+            return dev.mig_mode  # unknown this cycle: keep what was last read
+        dev.mig_mode = current == pynvml.NVML_DEVICE_MIG_ENABLE
+        return dev.mig_mode
+
+    def _read_mig_card(self, dev: _Device) -> tuple[DeviceSample, ...]:
+        card = self._card_values(dev.handle)
+        dev.migs = self._enumerate_migs(dev)
+        samples = []
+        for m in dev.migs:
+            try:
+                samples.append(self._read_mig(dev, m, card))
+            except _DeviceLost:
+                raise  # the whole card
+            except Exception as e:  # a surprise on one MIG device costs only its values
+                self._count("sample_device", _error_name(e))
+                samples.append(self._absent_mig(dev, m, lost=False))
+        return tuple(samples)
+
+    def _enumerate_migs(self, dev: _Device) -> list[_Mig]:
+        count = self._call("nvmlDeviceGetMaxMigDeviceCount", dev.handle)
+        if count is None:
+            return dev.migs  # not this cycle (counted): the MIG devices found last time
+        known = {m.slot: m for m in dev.migs}
+        found: list[_Mig] = []
+        call = "nvmlDeviceGetMigDeviceHandleByIndex"
+        for slot in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(dev.handle, slot)
+            except pynvml.NVMLError_NotFound:
+                continue  # an empty slot
+            except pynvml.NVMLError_NotSupported:
+                return []  # MIG mode went off since it was read: no MIG device
+            except pynvml.NVMLError_GpuIsLost:
+                self._count(call, "NVMLError_GpuIsLost")
+                raise _DeviceLost from None
+            except Exception as e:
+                self._count(call, _error_name(e))
+                if slot in known:  # still there, as far as anyone knows: reported without values
+                    known[slot].handle = None
+                    found.append(known[slot])
+                continue
+            found.append(self._mig_at(known.get(slot), slot, handle))
+        return found
+
+    def _mig_at(self, before: _Mig | None, slot: int, handle: Any) -> _Mig:
+        """The MIG device behind ``handle``: the one found in that slot before, unless its UUID changed."""
+        uuid = self._call("nvmlDeviceGetUUID", handle)
+        if before is not None and (uuid is None or uuid == before.uuid):
+            before.handle = handle
+            return before
+        return _Mig(slot, handle, uuid or "")
+
+    def _read_mig_identity(self, m: _Mig) -> None:
+        errors_before = self._error_events
+        name = self._call("nvmlDeviceGetName", m.handle)
+        gpu_instance = self._call("nvmlDeviceGetGpuInstanceId", m.handle)
+        compute_instance = self._call("nvmlDeviceGetComputeInstanceId", m.handle)
+        m.name = name or m.name
+        m.profile = _mig_profile(m.name)
+        m.gpu_instance_id = gpu_instance if gpu_instance is not None else m.gpu_instance_id
+        m.compute_instance_id = compute_instance if compute_instance is not None else m.compute_instance_id
+        m.identity_ok = bool(m.uuid) and self._error_events == errors_before
+
+    def _read_mig(self, dev: _Device, m: _Mig, card: dict[str, int | None]) -> DeviceSample:
+        if m.handle is None:
+            return self._absent_mig(dev, m, lost=False)
+        if not m.identity_ok:
+            self._read_mig_identity(m)
+        h = m.handle
+        memory = self._call("nvmlDeviceGetMemoryInfo", h)
+        # NotSupported on MIG devices with current drivers; a driver that answers is believed
+        util = self._call("nvmlDeviceGetUtilizationRates", h)
+        encoder = self._call("nvmlDeviceGetEncoderUtilization", h)
+        decoder = self._call("nvmlDeviceGetDecoderUtilization", h)
+        processes, processes_ok = self._processes(h)
+        util_samples, util_samples_ok = self._util_samples(m)
+        return DeviceSample(
+            index=dev.index,
+            uuid=m.uuid,
+            name=m.name,
+            minor_number=dev.minor_number,
+            pci_bus_id=dev.pci_bus_id,
+            memory_total_bytes=None if memory is None else _known(memory.total),
+            memory_used_bytes=None if memory is None else _known(memory.used),
+            utilization_gpu=None if util is None else int(util.gpu),
+            utilization_memory=None if util is None else int(util.memory),
+            encoder_utilization=None if encoder is None else int(encoder[0]),
+            decoder_utilization=None if decoder is None else int(decoder[0]),
+            processes=processes,
+            processes_ok=processes_ok,
+            util_samples=util_samples,
+            util_samples_ok=util_samples_ok,
+            parent_uuid=dev.uuid,
+            gpu_instance_id=m.gpu_instance_id,
+            compute_instance_id=m.compute_instance_id,
+            mig_profile=m.profile,
+            **card,
+        )
+
+    # ---- shared reads ------------------------------------------------------------------------
+
     def _clocks_event_reasons(self, h: Any) -> int | None:
         if not self._throttle_reasons_only:
             try:
@@ -318,11 +504,11 @@ class NvmlBackend:
 
     # ---- processes -------------------------------------------------------------------------
 
-    def _processes(self, dev: _Device) -> tuple[tuple[ProcessUsage, ...], bool]:
+    def _processes(self, handle: Any) -> tuple[tuple[ProcessUsage, ...], bool]:
         merged: dict[int, ProcessUsage] = {}
         complete = True
         for kind, call in _PROCESS_LISTS:
-            entries = self._process_list(dev, kind, call)
+            entries = self._process_list(handle, kind, call)
             if entries is None:
                 complete = False
                 continue
@@ -335,14 +521,14 @@ class NvmlBackend:
                     merged[entry.pid] = ProcessUsage(seen.pid, memory, seen.kind)
         return tuple(merged[pid] for pid in sorted(merged)), complete
 
-    def _process_list(self, dev: _Device, kind: str, call: str) -> list[Any] | None:
+    def _process_list(self, handle: Any, kind: str, call: str) -> list[Any] | None:
         """One running-process list; ``None`` when it could not be read completely."""
         tries = 0
         while True:
             v2 = kind in self._v2_only
             fn = getattr(pynvml, f"{call}_v2" if v2 else f"{call}_v3")
             try:
-                return list(fn(dev.handle))
+                return list(fn(handle))
             except _MISSING as e:
                 if not v2:
                     self._v2_only.add(kind)  # driver < 510; the _v2 entries have the same fields
@@ -367,7 +553,7 @@ class NvmlBackend:
                 self._count(call, _error_name(e))
                 return None
 
-    def _util_samples(self, dev: _Device) -> tuple[tuple[UtilSample, ...], bool]:
+    def _util_samples(self, dev: _Device | _Mig) -> tuple[tuple[UtilSample, ...], bool]:
         call = "nvmlDeviceGetProcessUtilization"
         tries = 0
         while True:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pynvml
 import pytest
+import yaml
 
 from exporter.model import DeviceSample, ProcessUsage, UtilSample
 from exporter.nvml_backend import NvmlBackend
@@ -289,7 +290,7 @@ def test_lost_gpu_is_marked_and_reprobed_with_backoff(nvml: Harness) -> None:
     s = backend.sample()
     assert s.devices[1].lost
     assert fake.device_calls(1) == calls + 1
-    assert s.errors[("nvmlDeviceGetMemoryInfo", "NVMLError_GpuIsLost")] == 1
+    assert s.errors[("nvmlDeviceGetMigMode", "NVMLError_GpuIsLost")] == 1  # a cycle's first call
 
     nvml.clock.now += 14.9  # the next wait doubled, capped at 15 s
     backend.sample()
@@ -404,3 +405,202 @@ def test_close_shuts_nvml_down_once(nvml: Harness) -> None:
     s = backend.sample()
     assert not s.nvml_up and s.devices == ()
     assert fake.calls("nvmlInitWithFlags") == 1
+
+
+# ---- MIG ----------------------------------------------------------------------------------
+
+MIG_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mig-a100-node.yaml"
+MIG_3G, MIG_2G_A, MIG_2G_B = (f"MIG-{x}" for x in ("3a1b2c3d-0000-5000-8000-000000000001",
+                                                     "2a1b2c3d-0000-5000-8000-000000000002",
+                                                     "2a1b2c3d-0000-5000-8000-000000000003"))
+
+
+def mig_scenario(**nvml: Any) -> dict[str, Any]:
+    """examples/mig-a100-node.yaml: card 0 in MIG mode (3 MIG devices), card 1 whole."""
+    doc = yaml.safe_load(MIG_EXAMPLE.read_text())
+    doc["devices"][0].update(sm_clock_mhz=1410, memory_clock_mhz=1593, ecc_corrected=3, ecc_uncorrected=0,
+                             clocks_event_reasons=0x1, encoder_utilization=4, decoder_utilization=5)
+    if nvml:
+        doc["nvml"] = nvml
+    return doc
+
+
+def uuid_of(handle: Any) -> str:
+    return pynvml.nvmlDeviceGetUUID(handle)
+
+
+def failing_for(real: Any, uuid: str, error: BaseException) -> Any:
+    """``real``, except that it raises ``error`` for the device ``uuid``."""
+    def wrapper(handle: Any, *args: Any, **kwargs: Any) -> Any:
+        if uuid_of(handle) == uuid:
+            raise error
+        return real(handle, *args, **kwargs)
+    return wrapper
+
+
+def test_mig_devices_stand_in_for_their_card_as_in_the_simulated_node(nvml: Harness) -> None:
+    doc = mig_scenario()
+    backend, fake = nvml.start(doc)
+    simulated = SimulatedBackend(parse_scenario(doc))
+    for _ in range(3):
+        s = backend.sample()
+        assert s.devices == simulated.sample().devices
+    assert [d.uuid for d in s.devices] == [MIG_3G, MIG_2G_A, MIG_2G_B, doc["devices"][1]["uuid"]]
+    mig = s.devices[0]
+    # the fields that make a MIG device: read from the MIG handle, the card's values repeated
+    assert (mig.parent_uuid, mig.mig_profile, mig.gpu_instance_id, mig.compute_instance_id) == (
+        doc["devices"][0]["uuid"], "3g.40gb", 2, 0)
+    assert (mig.name, mig.minor_number, mig.pci_bus_id) == ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", 0, "00000000:07:00.0")
+    assert (mig.power_usage_milliwatts, mig.ecc_corrected_total, mig.clocks_event_reasons) == (212_000, 3, 1)
+    assert (mig.utilization_gpu, mig.encoder_utilization, mig.util_samples_ok) == (None, None, False)
+    assert mig.processes == (ProcessUsage(7001, 20 * GIB),) and mig.processes_ok
+    assert dict(s.errors) == {}  # NotSupported (utilization) is no error; the card's lists were not asked
+    # per cycle: probe + fetch on the two MIG devices with a process and on card 1, a probe on the empty one
+    assert fake.calls("nvmlDeviceGetComputeRunningProcesses_v3") == 3 * (2 + 2 + 1 + 2)
+    assert fake.calls("nvmlDeviceGetMigMode") == 3 * 2  # asked every cycle
+    assert fake.calls("nvmlDeviceGetName") == 2 + 3  # identity once per card and per MIG device
+    assert fake.calls("nvmlDeviceGetMigDeviceHandleByIndex") == 3 * 7  # every slot, every cycle
+
+
+def test_a_gpu_without_mig_is_asked_for_its_mode_once(nvml: Harness) -> None:
+    backend, fake = nvml.start(scenario(dict(GPU0, not_supported=["mig"]), GPU1))
+    for _ in range(3):
+        s = backend.sample()
+    assert fake.calls("nvmlDeviceGetMigMode") == 1 + 3  # NotSupported once; GPU1 (MIG off) each cycle
+    assert s.devices[0] == replace(expected_device(0, GPU0), util_samples=gpu0_util(tick=3))
+    assert dict(s.errors) == {}
+
+
+def test_a_driver_without_mig_calls_has_no_mig(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def missing(*_: object) -> None:
+        asked.append("nvmlDeviceGetMigMode")
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", missing)
+    backend, _ = nvml.start(scenario(GPU0, GPU1))
+    backend.sample()
+    s = backend.sample()
+    assert asked == ["nvmlDeviceGetMigMode"]  # once for the whole backend
+    assert s.devices[1] == replace(expected_device(1, GPU1), util_samples=(UtilSample(5100, 2 * TICK_US, 10),))
+    assert dict(s.errors) == {}
+
+
+def test_a_failing_mig_call_costs_that_field_only(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = mig_scenario()
+    no_permission = pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo",
+                        failing_for(pynvml.nvmlDeviceGetMemoryInfo, MIG_2G_A, no_permission))
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetGpuInstanceId",
+                        failing_for(pynvml.nvmlDeviceGetGpuInstanceId, MIG_2G_B, no_permission))
+    backend, _ = nvml.start(doc)
+    simulated = SimulatedBackend(parse_scenario(doc))
+    backend.sample()
+    simulated.sample()
+    s = backend.sample()
+    want = simulated.sample().devices
+    assert s.devices[0] == want[0] and s.devices[3] == want[3]
+    assert s.devices[1] == replace(want[1], memory_total_bytes=None, memory_used_bytes=None)
+    assert s.devices[2] == replace(want[2], gpu_instance_id=None)
+    assert dict(s.errors) == {("nvmlDeviceGetMemoryInfo", "NVMLError_NoPermission"): 2,
+                              # identity not complete: asked again until it is
+                              ("nvmlDeviceGetGpuInstanceId", "NVMLError_NoPermission"): 2}
+
+
+def test_a_mig_device_that_cannot_be_read_keeps_its_row(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = mig_scenario()
+    backend, _ = nvml.start(doc)
+    simulated = SimulatedBackend(parse_scenario(doc))
+    assert backend.sample().devices == simulated.sample().devices
+    want = simulated.sample().devices
+    real = pynvml.nvmlDeviceGetMigDeviceHandleByIndex
+
+    def slot_2_unknown(handle: Any, slot: int) -> Any:
+        if slot == 2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+        return real(handle, slot)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigDeviceHandleByIndex", slot_2_unknown)
+    real_memory = pynvml.nvmlDeviceGetMemoryInfo
+    # a value no NVML error handler expects: an exception outside the per-call handling
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo",
+                        lambda h, *a, **k: object() if uuid_of(h) == MIG_3G else real_memory(h, *a, **k))
+    s = backend.sample()
+    absent = {"lost": False, "processes_ok": False, "util_samples_ok": False, "processes": ()}
+    blank = dict.fromkeys(("memory_total_bytes", "memory_used_bytes", "power_usage_milliwatts",
+                           "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "ecc_corrected_total",
+                           "ecc_uncorrected_total", "clocks_event_reasons"))
+    # the slot without a handle: the MIG device found there before, without values
+    assert s.devices[1] == replace(want[1], **absent, **blank)
+    # an unexpected exception on one MIG device: that device without values
+    assert s.devices[0] == replace(want[0], **absent, **blank)
+    assert s.devices[2:] == want[2:]
+    assert dict(s.errors) == {("nvmlDeviceGetMigDeviceHandleByIndex", "NVMLError_Unknown"): 1,
+                              ("sample_device", "AttributeError"): 1}
+
+
+def test_mig_mode_unreadable_keeps_the_mode_last_read(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, _ = nvml.start(mig_scenario())
+    first = backend.sample()
+
+    def unknown(*_: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigMode", unknown)
+    s = backend.sample()
+    assert [d.uuid for d in s.devices] == [d.uuid for d in first.devices]
+    assert s.errors == {("nvmlDeviceGetMigMode", "NVMLError_Unknown"): 2}
+
+
+def test_a_mig_device_is_identified_once_per_uuid(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, fake = nvml.start(mig_scenario())
+    backend.sample()
+    backend.sample()
+    assert fake.calls("nvmlDeviceGetName") == 2 + 3
+    # slot 1 now holds another MIG device (destroyed and created again under a new UUID)
+    real = pynvml.nvmlDeviceGetUUID
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUUID",
+                        lambda h: "MIG-new" if real(h) == MIG_3G else real(h))
+    s = backend.sample()
+    assert fake.calls("nvmlDeviceGetName") == 2 + 3 + 1
+    assert s.devices[0].uuid == "MIG-new" and s.devices[0].mig_profile == "3g.40gb"
+    assert dict(s.errors) == {}
+
+
+def test_lost_mig_card_reports_its_mig_devices_lost_and_is_reprobed_with_backoff(nvml: Harness) -> None:
+    doc = mig_scenario(clock="manual")
+    doc["devices"][0]["lost_after_ticks"] = 1
+    backend, fake = nvml.start(doc, lost_backoff_s=10.0)
+    assert [d.lost for d in backend.sample().devices] == [False] * 4  # initialises NVML: tick 0
+    fake.advance(1)
+    assert [d.lost for d in backend.sample().devices] == [False] * 4
+    fake.advance(1)
+    s = backend.sample()
+    lost_doc = copy.deepcopy(doc)
+    lost_doc["devices"][0]["lost_after_ticks"] = 0
+    want = SimulatedBackend(parse_scenario(lost_doc)).sample().devices
+    assert s.devices[:3] == want[:3]  # lost, MIG identity kept
+    assert all(d.lost and d.parent_uuid == doc["devices"][0]["uuid"] for d in s.devices[:3])
+    assert not s.devices[3].lost and s.devices[3].memory_used_bytes == 12 * GIB
+    assert dict(s.errors) == {("nvmlDeviceGetMigMode", "NVMLError_GpuIsLost"): 1}
+    calls = fake.device_calls(0)
+    nvml.clock.now += 9.9
+    assert backend.sample().devices[:3] == want[:3]
+    assert fake.device_calls(0) == calls  # not touched inside the backoff
+    nvml.clock.now += 0.1
+    assert backend.sample().devices[:3] == want[:3]
+    assert fake.device_calls(0) == calls + 1
+
+
+def test_mig_card_lost_before_its_mig_devices_were_found(nvml: Harness) -> None:
+    doc = mig_scenario(clock="manual")
+    doc["devices"][0]["lost_after_ticks"] = 0
+    backend, fake = nvml.start(doc)
+    pynvml.nvmlInit()  # another NVML user initialised first; the card is lost before the backend starts
+    fake.advance(1)
+    s = backend.sample()
+    pynvml.nvmlShutdown()
+    assert s.devices[0] == DeviceSample(index=0, uuid="", name="", lost=True, processes_ok=False,
+                                        util_samples_ok=False)
+    assert [d.uuid for d in s.devices[1:]] == [doc["devices"][1]["uuid"]]
