@@ -593,6 +593,19 @@ def test_lost_mig_card_reports_its_mig_devices_lost_and_is_reprobed_with_backoff
     assert fake.device_calls(0) == calls + 1
 
 
+def test_gpu_is_lost_from_one_mig_device_takes_the_whole_card(nvml: Harness) -> None:
+    doc = mig_scenario()  # auto clock: the card is lost at the first MIG device's utilization probe of cycle 2
+    doc["devices"][0]["lost_after_ticks"] = 1
+    backend, fake = nvml.start(doc)
+    backend.sample()
+    s = backend.sample()
+    assert [(d.uuid, d.lost) for d in s.devices[:3]] == [(MIG_3G, True), (MIG_2G_A, True), (MIG_2G_B, True)]
+    assert not s.devices[3].lost
+    # counted once, and the other MIG devices were not asked after it
+    assert dict(s.errors) == {("nvmlDeviceGetProcessUtilization", "NVMLError_GpuIsLost"): 1}
+    assert fake.calls("nvmlDeviceGetMemoryInfo") == (3 + 1) + (1 + 1)  # cycle 2 stopped at the first MIG device
+
+
 def test_mig_card_lost_before_its_mig_devices_were_found(nvml: Harness) -> None:
     doc = mig_scenario(clock="manual")
     doc["devices"][0]["lost_after_ticks"] = 0
