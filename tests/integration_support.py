@@ -115,13 +115,20 @@ def load_scenario_dict(path: Path) -> dict[str, Any]:
     return data
 
 
+def scenario_processes(scenario: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """Every process entry of the scenario, in file order: a GPU's, or its MIG devices'."""
+    for d in scenario.get("devices") or []:
+        yield from d.get("processes") or []
+        for m in d.get("mig_devices") or []:
+            yield from m.get("processes") or []
+
+
 def scenario_pids(scenario: Mapping[str, Any]) -> list[int]:
     """Every process pid of the scenario, in file order, without duplicates."""
     pids: list[int] = []
-    for d in scenario.get("devices") or []:
-        for p in d.get("processes") or []:
-            if p["pid"] not in pids:
-                pids.append(p["pid"])
+    for p in scenario_processes(scenario):
+        if p["pid"] not in pids:
+            pids.append(p["pid"])
     return pids
 
 
@@ -206,19 +213,19 @@ def stat_line(pid: int, comm: str, start_ticks: int) -> str:
 
 
 def build_fake_proc(root: Path, scenario: Mapping[str, Any], *, missing: Sequence[int] = ()) -> Path:
-    """Write ``root/<pid>/{stat,cgroup,comm}`` for each scenario process except ``missing``."""
+    """Write ``root/<pid>/{stat,cgroup,comm}`` for each scenario process (MIG devices' included)
+    except ``missing``."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    for d in scenario.get("devices") or []:
-        for p in d.get("processes") or []:
-            pid = p["pid"]
-            if pid in missing:
-                continue
-            pdir = root / str(pid)
-            pdir.mkdir(exist_ok=True)
-            (pdir / "stat").write_text(stat_line(pid, TRICKY_COMM, BOOT_START_TICKS + pid))
-            (pdir / "cgroup").write_text(p.get("cgroup") or "0::/system.slice/host.service\n")
-            (pdir / "comm").write_text(TRICKY_COMM + "\n")
+    for p in scenario_processes(scenario):
+        pid = p["pid"]
+        if pid in missing:
+            continue
+        pdir = root / str(pid)
+        pdir.mkdir(exist_ok=True)
+        (pdir / "stat").write_text(stat_line(pid, TRICKY_COMM, BOOT_START_TICKS + pid))
+        (pdir / "cgroup").write_text(p.get("cgroup") or "0::/system.slice/host.service\n")
+        (pdir / "comm").write_text(TRICKY_COMM + "\n")
     return root
 
 

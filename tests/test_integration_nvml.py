@@ -34,6 +34,9 @@ READY_S = 30.0  # startup of a Python process on a loaded 2-core CI box
 SETTLE_S = 20.0
 
 MIXED = EXAMPLES / "mixed-4gpu-node.yaml"
+MIG = EXAMPLES / "mig-a100-node.yaml"
+# what the seed rows do not show of a MIG device, and what tells a lost one
+MIG_FAMILIES = ("nvidia_gpu_mig_device_info", "nvidia_gpu_up")
 
 
 def _mixed() -> dict[str, Any]:
@@ -64,6 +67,10 @@ def _nvml_errors(s: dict[Key, float], **labels: str) -> float:
     return sum(select(s, "kube_gpu_exporter_nvml_errors_total", **labels).values())
 
 
+def _family_rows(s: dict[Key, float], families: tuple[str, ...] = MIG_FAMILIES) -> dict[Key, float]:
+    return {k: v for k, v in s.items() if k[0] in families}
+
+
 def _wait_equal(node: Node, want: dict[Key, float], timeout: float = SETTLE_S) -> dict[Key, float]:
     """Scrape until the seed rows equal ``want`` (node labels and pods arrive asynchronously)."""
     return node.exporter.wait_for(lambda s: seed_rows(s) == want, timeout, "seed rows equal to the oracle's")
@@ -86,6 +93,26 @@ def test_seed_rows_equal_the_simulated_node(name: str, tmp_path: Path) -> None:
         assert value(got, "kube_gpu_exporter_nvml_up") == 1
         assert _nvml_errors(got) == 0
         assert node.podres.calls > 0  # pod-resources were asked (the idle GPU 3 of mixed needs them)
+
+
+def test_mig_devices_stand_in_for_their_card_as_in_the_simulated_node(tmp_path: Path) -> None:
+    scenario = load_scenario_dict(MIG)
+    per_process = "--per-process-metrics"
+    families = (*MIG_FAMILIES, "nvidia_gpu_process_memory_used_bytes")
+    oracle = parse_exposition(render_simulated(MIG, per_process))
+    want, want_mig = seed_rows(oracle), _family_rows(oracle, families)
+    migs = {m["uuid"] for m in scenario["devices"][0]["mig_devices"]}
+    assert {dict(k[1])["uuid"] for k in select(want_mig, "nvidia_gpu_mig_device_info")} == migs
+    with exporter_node(scenario, tmp_path, extra_args=[per_process]) as node:
+        node.exporter.wait_ready(READY_S)
+        got = node.exporter.wait_for(lambda s: seed_rows(s) == want and _family_rows(s, families) == want_mig,
+                                     SETTLE_S, "seed, MIG device and per-process rows equal to the oracle's")
+        # each process on its MIG device and container: read from the MIG handles' process lists
+        procs = select(got, "nvidia_gpu_process_memory_used_bytes", container_name="trainer")
+        assert [dict(k[1])["uuid"] for k in procs] == ["MIG-3a1b2c3d-0000-5000-8000-000000000001"]
+        assert not select(got, "nvidia_gpu_duty_cycle", uuid=next(iter(migs)))  # NVML has none for MIG
+        assert value(got, "kube_gpu_exporter_nvml_up") == 1
+        assert _nvml_errors(got) == 0  # NotSupported and empty MIG slots are answers, not errors
 
 
 # ---- fault modes ------------------------------------------------------------------------------
@@ -134,6 +161,35 @@ def test_lost_gpu_reported_while_the_others_keep_reporting(tmp_path: Path) -> No
         assert _nvml_errors(later, code="NVMLError_GpuIsLost") - lost_errors <= 1
         assert _without_uuid(seed_rows(later), lost) == healthy_rows
         assert set(select(later, "nvidia_gpu_up", uuid=lost).values()) == {0.0}
+        assert value(later, "kube_gpu_exporter_sample_failures_total") == 0
+        assert node.exporter.alive()
+
+
+def test_lost_mig_card_reports_its_mig_devices_down_while_the_other_card_continues(tmp_path: Path) -> None:
+    scenario = load_scenario_dict(MIG)
+    scenario["devices"][0]["lost_after_ticks"] = 3
+    card, whole = _uuid(scenario, 0), _uuid(scenario, 1)
+    migs = [m["uuid"] for m in scenario["devices"][0]["mig_devices"]]
+    lost = copy.deepcopy(scenario)
+    lost["devices"][0]["lost_after_ticks"] = 0  # the oracle: the simulated node with the card lost
+    oracle = parse_exposition(render_simulated(write_scenario(lost, tmp_path / "oracle.yaml")))
+    want, want_mig = seed_rows(oracle), _family_rows(oracle)
+    assert {dict(k[1])["uuid"]: v for k, v in select(want_mig, "nvidia_gpu_up").items()} == {
+        **dict.fromkeys(migs, 0.0), whole: 1.0}
+    with exporter_node(scenario, tmp_path) as node:
+        node.exporter.wait_ready(READY_S)
+        got = node.exporter.wait_for(lambda s: seed_rows(s) == want and _family_rows(s) == want_mig, SETTLE_S,
+                                     "the MIG devices down, with their MIG rows, card 1 intact")
+        assert select(got, "nvidia_gpu_mig_device_info", parent_uuid=card)  # still known, and down
+        assert not select(got, "nvidia_gpu_memory_total_bytes", uuid=migs[0])
+        # counted once per look at the card, not once per MIG device: the cycle that found it lost plus
+        # at most two re-probes (after 10 s, then 20 s more) fit in the time this test may wait
+        lost_errors = _nvml_errors(got, code="NVMLError_GpuIsLost")
+        assert 1 <= lost_errors <= 3
+        before = _samples_total(got)
+        later = node.exporter.wait_for(lambda s: _samples_total(s) >= before + 3, SETTLE_S, "more cycles")
+        assert seed_rows(later) == want and _family_rows(later) == want_mig  # card 1 keeps reporting
+        assert _nvml_errors(later, code="NVMLError_GpuIsLost") - lost_errors <= 1  # the card's backoff
         assert value(later, "kube_gpu_exporter_sample_failures_total") == 0
         assert node.exporter.alive()
 
