@@ -204,14 +204,11 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
     nvml_events = cfg.xid_nvml_events and not cfg.simulate
     if not cfg.xid or (kmsg_path is None and not nvml_events):
         return list
-    from exporter.xid import bus_id_from_nvml
+    from exporter.xid import gpu_for_xid
     from exporter.xid_watcher import XidWatcher, xid_metric_families
 
-    def resolve_bus_id(bus: str):
-        for d in holder.get().devices:
-            if bus_id_from_nvml(d.pci_bus_id) == bus:
-                return d.uuid, d.minor_number
-        return None
+    def resolve_bus_id(bus: str, gpu_instance: int | None):
+        return gpu_for_xid(holder.get().devices, bus, gpu_instance)
 
     def resolve_pid(pid: int):
         return holder.get().pid_owners.get(pid)

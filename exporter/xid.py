@@ -14,7 +14,10 @@ Everything here is pure. Line forms handled (see docs/xid.md)::
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from exporter.model import DeviceSample
 
 FALLEN_OFF_BUS_XID = 79
 
@@ -66,6 +69,24 @@ def bus_id_from_nvml(pci_bus_id: str) -> str:
     Unparseable input comes back lowercased, so it can still be used as a (never matching) key.
     """
     return normalize_pci(pci_bus_id) or pci_bus_id.strip().lower()
+
+
+def gpu_for_xid(devices: Sequence[DeviceSample], pci: str, gpu_instance: int | None) -> tuple[str, int | None] | None:
+    """The (uuid, minor number) an Xid at log-form address ``pci`` is about, from the node's devices.
+
+    On a card in MIG mode every MIG device shares the card's address: the report's GPU instance
+    (``GPU-I``) picks the MIG device; without one (a card-wide error) the card itself is meant.
+    """
+    at = [d for d in devices if bus_id_from_nvml(d.pci_bus_id) == pci]
+    if not at:
+        return None
+    migs = [d for d in at if d.parent_uuid is not None]
+    if not migs:
+        return at[0].uuid, at[0].minor_number
+    for d in migs:
+        if gpu_instance is not None and d.gpu_instance_id == gpu_instance:
+            return d.uuid, d.minor_number
+    return migs[0].parent_uuid or "", migs[0].minor_number
 
 
 @dataclass(frozen=True, slots=True)

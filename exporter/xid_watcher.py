@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-BusIdResolver = Callable[[str], "tuple[str, int | None] | None"]
+# (log-form PCI address, MIG GPU instance or None) -> (uuid, minor number), None when unknown.
+BusIdResolver = Callable[[str, "int | None"], "tuple[str, int | None] | None"]
 PidResolver = Callable[[int], "tuple[str, str, str, str] | None"]
 # (uuid, minor_number, xid, namespace, pod, container); "" / None where unknown.
 XidCountKey = tuple[str, int | None, int, str, str, str]
@@ -531,7 +532,7 @@ class XidWatcher:
             return
         if report.numbered and report.xid == FALLEN_OFF_BUS_XID and report.pci:
             self._last_xid79[report.pci] = rec.ts_usec
-        uuid, minor = self._gpu(report.pci)
+        uuid, minor = self._gpu(report.pci, report.gpu_instance)
         pod = self._pod(report.pid)
         now = self._clock()
         if self._nvml is not None:
@@ -595,7 +596,7 @@ class XidWatcher:
         self._nvml_result("counted")
         report = XidReport(xid=xid.xid, pci=xid.pci, gpu_instance=xid.gpu_instance,
                            compute_instance=xid.compute_instance, message=NVML_ONLY_MESSAGE)
-        uuid, minor = self._gpu(xid.pci) if xid.pci else ("", None)
+        uuid, minor = self._gpu(xid.pci, xid.gpu_instance) if xid.pci else ("", None)
         if not uuid:  # the snapshot does not know the address (yet): NVML's own identity
             uuid, minor = xid.uuid, xid.minor_number
         self._record(report, uuid, minor, None, xid.observed)
@@ -604,11 +605,11 @@ class XidWatcher:
         with self._lock:
             self._nvml_results[result] += 1
 
-    def _gpu(self, pci: str | None) -> tuple[str, int | None]:
+    def _gpu(self, pci: str | None, gpu_instance: int | None) -> tuple[str, int | None]:
         if pci is None:
             return "", None
         try:
-            found = self._resolve_bus_id(pci)
+            found = self._resolve_bus_id(pci, gpu_instance)
         except Exception:
             log.exception("resolve_bus_id(%r)", pci)
             self._skip("resolver_error")

@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exporter.cli import build_daemon
+from exporter.config import load_config
 from exporter.pods import pod_from_api
 from exporter.sharing import compute_allocations
 from exporter.simulate import ScenarioError, load_scenario, parse_scenario
+from exporter.xid import gpu_for_xid
+from tests.k8s_double.server import poll_until
+from tests.test_daemon_xid import xid_rows
 from tests.test_simulate import render, values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,3 +127,40 @@ def test_a_mig_resource_in_limits_and_requests_is_one_slice() -> None:
     placed = compute_allocations(pods, devices, {}, scenario.pod_resources).allocations
     assert sorted((a.container, a.uuid) for a in placed) == [
         ("lab", CARD1), ("server", MIG_2G_A), ("trainer", MIG_3G)]
+
+
+# ---------------------------------------------------------------- Xids on a MIG card
+
+def test_gpu_for_xid_picks_the_mig_device_by_gpu_instance_else_the_card() -> None:
+    devices = [d.sample for d in load_scenario(EXAMPLE).devices]
+    assert gpu_for_xid(devices, "0000:07:00", 3) == (MIG_2G_A, 0)
+    assert gpu_for_xid(devices, "0000:07:00", 2) == (MIG_3G, 0)
+    assert gpu_for_xid(devices, "0000:07:00", None) == (CARD0, 0)  # card-wide, e.g. Xid 79
+    assert gpu_for_xid(devices, "0000:07:00", 9) == (CARD0, 0)  # an instance we do not list
+    assert gpu_for_xid(devices, "0000:0f:00", None) == (CARD1, 1)
+    assert gpu_for_xid(devices, "0000:0f:00", 1) == (CARD1, 1)  # not in MIG mode: the card
+    assert gpu_for_xid(devices, "0000:99:00", None) is None
+
+
+def test_simulated_mig_node_kmsg_xids_land_on_the_mig_device(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "4,10,1000000,-;NVRM: Xid (PCI:0000:07:00 GPU-I:03): 31, pid=7002, name=tritonserver, "
+        "Ch 00000008, intr 00000000. MMU Fault\n"
+        "4,11,1000500,-;NVRM: Xid (PCI:0000:07:00): 79, pid=<unknown>, name=<unknown>, "
+        "GPU has fallen off the bus.\n")
+    cfg = load_config(["--simulate", str(EXAMPLE), "--kmsg-path", str(kmsg), "--kmsg-replay", "--no-events",
+                       "--interval", "0.1"], environ={})
+    daemon = build_daemon(cfg)
+    try:
+        daemon.start()
+
+        def counted():
+            rows = xid_rows(daemon.holder.get().body)
+            return rows if len(rows) == 2 else None
+
+        rows = {lbl["xid"]: lbl for lbl, _ in poll_until(counted, timeout=15)}
+        assert rows["31"]["uuid"] == MIG_2G_A and rows["31"]["pod_name"] == "infer-small-6d5c4b3a2-xk2lp"
+        assert rows["79"]["uuid"] == CARD0 and rows["79"]["pod_name"] == ""
+    finally:
+        daemon.close()

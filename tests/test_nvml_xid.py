@@ -270,7 +270,7 @@ def test_stop_is_prompt_while_waiting_and_while_backing_off(lib: Path, tmp_path:
 # ---------------------------------------------------------------- the watcher with both sources
 
 
-def resolve_bus(pci: str) -> tuple[str, int | None] | None:
+def resolve_bus(pci: str, gpu_instance: int | None = None) -> tuple[str, int | None] | None:
     return {PCI0: (UUID0, 4)}.get(pci)
 
 
@@ -309,7 +309,7 @@ def test_nvml_alone_counts_after_the_window_and_posts_an_event(lib: Path, tmp_pa
         writer = EventsWriter(EventsV1Api(api_client_for(api)), backoff_base=0.01, backoff_max=0.05)
         path = None if kmsg == "disabled" else tmp_path / "absent"
         # unreadable: the resolver does not know the GPU either, so NVML's own identity is used
-        resolver = resolve_bus if kmsg == "disabled" else (lambda pci: None)
+        resolver = resolve_bus if kmsg == "disabled" else (lambda pci, gpu_instance: None)
         try:
             with watching(lib, tmp_path, path, events=writer, resolver=resolver) as (w, f, clock):
                 f.advance(1)

@@ -55,7 +55,7 @@ class FakeClock:
         return self.now
 
 
-def resolve_bus(pci: str) -> tuple[str, int | None] | None:
+def resolve_bus(pci: str, gpu_instance: int | None = None) -> tuple[str, int | None] | None:
     return BUS.get(pci)
 
 
@@ -262,7 +262,7 @@ def test_resolver_errors_are_counted_not_fatal(tmp_path: Path, stop_later: list)
     path = tmp_path / "kmsg"
     path.write_bytes(xid_line(1, 1, xid=31))
 
-    def broken(_: object) -> None:
+    def broken(*_: object) -> None:
         raise RuntimeError("snapshot not ready")
 
     w = XidWatcher(str(path), NODE, broken, broken, None, replay_from_start=True, poll_interval=0.02)
