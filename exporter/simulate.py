@@ -62,6 +62,9 @@ NOT_SUPPORTED_FIELDS: dict[str, tuple[str, ...]] = {
     "clocks_event_reasons": ("clocks_event_reasons",),
     "memory": ("memory_total_bytes", "memory_used_bytes"),
     "process_utilization": (),
+    # Fake-NVML faults with no field to blank here: accepted so one scenario serves both backends.
+    "events": (),
+    "mig": (),
 }
 
 
@@ -200,6 +203,8 @@ def _device(raw: object, index: int) -> tuple[ScenarioDevice, ...]:
         return (ScenarioDevice(sample, processes, not_supported, lost_after),)
     if processes:
         raise ScenarioError(f"{where}: a GPU with mig_devices has its processes on them, not on itself")
+    if "mig" in not_supported:
+        raise ScenarioError(f"{where}: not_supported lists mig, but the GPU has mig_devices")
     migs = _list(d["mig_devices"], f"{where}.mig_devices")
     if not migs:
         raise ScenarioError(f"{where}.mig_devices: MIG mode with no MIG device; leave the key out instead")

@@ -164,3 +164,13 @@ def test_simulated_mig_node_kmsg_xids_land_on_the_mig_device(tmp_path: Path) -> 
         assert rows["79"]["uuid"] == CARD0 and rows["79"]["pod_name"] == ""
     finally:
         daemon.close()
+
+
+def test_fake_only_not_supported_names_are_accepted_by_the_simulated_node() -> None:
+    doc = copy.deepcopy(DOC)
+    doc["devices"][1]["not_supported"] = ["events", "mig"]
+    doc["devices"][0]["not_supported"] = ["events"]
+    parse_scenario(doc)
+    doc["devices"][0]["not_supported"] = ["mig"]
+    with pytest.raises(ScenarioError, match="not_supported lists mig, but the GPU has mig_devices"):
+        parse_scenario(doc)
