@@ -84,14 +84,16 @@ class _FunctionMissing(Exception):
     """The driver lacks a symbol the caller has a fallback for."""
 
 
-def _error_name(e: BaseException) -> str:
+def error_name(e: BaseException) -> str:
+    """The label an NVML error is counted under (the pynvml exception class name)."""
     name = type(e).__name__
     if name == "NVMLError":  # a code pynvml has no subclass for: keep the number
         return f"NVMLError_{getattr(e, 'value', 'unknown')}"
     return name
 
 
-def _backoff(base: float, cap: float, failures: int) -> float:
+def capped_backoff(base: float, cap: float, failures: int) -> float:
+    """Seconds to wait after ``failures`` consecutive failures: base, doubling, at most cap."""
     # the exponent is bounded so that a long outage cannot overflow the float
     return min(cap, base * 2 ** min(max(failures - 1, 0), 32))
 
@@ -184,7 +186,7 @@ class NvmlBackend:
             try:
                 devices = self._sample_devices(start)
             except Exception as e:  # the contract is a sample, whatever went wrong
-                self._count("sample", _error_name(e))
+                self._count("sample", error_name(e))
                 devices = ()
             return NodeSample(
                 timestamp=self._wall_clock(),
@@ -204,7 +206,7 @@ class NvmlBackend:
                 try:
                     pynvml.nvmlShutdown()
                 except Exception as e:
-                    self._count("nvmlShutdown", _error_name(e))
+                    self._count("nvmlShutdown", error_name(e))
 
     # ---- init ----------------------------------------------------------------------------
 
@@ -228,7 +230,7 @@ class NvmlBackend:
             try:
                 pynvml.nvmlShutdown()  # keep NVML's init refcount balanced for the retry
             except Exception as shutdown_error:
-                self._count("nvmlShutdown", _error_name(shutdown_error))
+                self._count("nvmlShutdown", error_name(shutdown_error))
             return False
         self._initialized = True
         self._init_failures = 0
@@ -236,14 +238,14 @@ class NvmlBackend:
         try:
             self._driver_version = str(pynvml.nvmlSystemGetDriverVersion())
         except Exception as e:
-            self._count("nvmlSystemGetDriverVersion", _error_name(e))
+            self._count("nvmlSystemGetDriverVersion", error_name(e))
             self._driver_version = ""
         return True
 
     def _init_failed(self, call: str, e: Exception, now: float) -> None:
-        self._count(call, _error_name(e))
+        self._count(call, error_name(e))
         self._init_failures += 1
-        self._next_init_at = now + _backoff(*self._init_backoff, self._init_failures)
+        self._next_init_at = now + capped_backoff(*self._init_backoff, self._init_failures)
 
     def _count(self, call: str, code: str) -> None:
         key = (call, code)
@@ -261,10 +263,10 @@ class NvmlBackend:
         except _DeviceLost:
             dev.lost = True
             dev.lost_failures += 1
-            dev.next_probe_at = now + _backoff(*self._lost_backoff, dev.lost_failures)
+            dev.next_probe_at = now + capped_backoff(*self._lost_backoff, dev.lost_failures)
             return self._absent(dev, lost=True)
         except Exception as e:  # a surprise on one device must not cost the others their rows
-            self._count("sample_device", _error_name(e))
+            self._count("sample_device", error_name(e))
             return self._absent(dev, lost=False)
         dev.lost = False
         dev.lost_failures = 0
@@ -291,14 +293,14 @@ class NvmlBackend:
         except _MISSING as e:
             if fallback:
                 raise _FunctionMissing from None
-            self._count(call, _error_name(e))
+            self._count(call, error_name(e))
         except pynvml.NVMLError_NotSupported:
             pass
         except pynvml.NVMLError_GpuIsLost:
             self._count(call, "NVMLError_GpuIsLost")
             raise _DeviceLost from None
         except Exception as e:
-            self._count(call, _error_name(e))
+            self._count(call, error_name(e))
         return None
 
     def _read_device(self, dev: _Device) -> tuple[DeviceSample, ...]:
@@ -392,7 +394,7 @@ class NvmlBackend:
             self._count(call, "NVMLError_GpuIsLost")
             raise _DeviceLost from None
         except Exception as e:
-            self._count(call, _error_name(e))
+            self._count(call, error_name(e))
             return dev.mig_mode  # unknown this cycle: keep what was last read
         dev.mig_mode = current == pynvml.NVML_DEVICE_MIG_ENABLE
         return dev.mig_mode
@@ -407,7 +409,7 @@ class NvmlBackend:
             except _DeviceLost:
                 raise  # the whole card
             except Exception as e:  # a surprise on one MIG device costs only its values
-                self._count("sample_device", _error_name(e))
+                self._count("sample_device", error_name(e))
                 samples.append(self._absent_mig(dev, m, lost=False))
         return tuple(samples)
 
@@ -429,7 +431,7 @@ class NvmlBackend:
                 self._count(call, "NVMLError_GpuIsLost")
                 raise _DeviceLost from None
             except Exception as e:
-                self._count(call, _error_name(e))
+                self._count(call, error_name(e))
                 if slot in known:  # still there, as far as anyone knows: reported without values
                     known[slot].handle = None
                     found.append(known[slot])
@@ -535,7 +537,7 @@ class NvmlBackend:
                     continue
                 if kind == "mps":
                     return []  # a driver without the MPS list has no MPS clients to report
-                self._count(call, _error_name(e))
+                self._count(call, error_name(e))
                 return None
             except pynvml.NVMLError_InsufficientSize:
                 # processes started between pynvml's size probe and its fetch: probe again
@@ -550,7 +552,7 @@ class NvmlBackend:
                 self._count(call, "NVMLError_GpuIsLost")
                 raise _DeviceLost from None
             except Exception as e:
-                self._count(call, _error_name(e))
+                self._count(call, error_name(e))
                 return None
 
     def _util_samples(self, dev: _Device | _Mig) -> tuple[tuple[UtilSample, ...], bool]:
@@ -573,7 +575,7 @@ class NvmlBackend:
                 self._count(call, "NVMLError_GpuIsLost")
                 raise _DeviceLost from None
             except Exception as e:
-                self._count(call, _error_name(e))
+                self._count(call, error_name(e))
                 return (), False
         # only samples newer than lastSeen are news, whatever the driver hands back
         fresh = [s for s in raw if s.timeStamp > dev.last_seen_us]

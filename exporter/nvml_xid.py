@@ -31,7 +31,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvml_backend import _backoff, _error_name
+from exporter.nvml_backend import capped_backoff, error_name
 from exporter.xid import bus_id_from_nvml
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class NvmlXidSource:
                     self._wait_once()
                 except Exception as e:  # a bug must not end the source: count it, start over later
                     log.exception("NVML Xid source")
-                    self._count("nvml_xid", _error_name(e))
+                    self._count("nvml_xid", error_name(e))
                     self._close()
                     self._retry_later()
         finally:
@@ -150,7 +150,7 @@ class NvmlXidSource:
 
     def _retry_later(self) -> None:
         self._failures += 1
-        self._stop.wait(_backoff(*self._backoff, self._failures))
+        self._stop.wait(capped_backoff(*self._backoff, self._failures))
 
     def _open(self) -> bool:
         """Init, create the set, register every device that can; False (all undone) when none could."""
@@ -167,7 +167,7 @@ class NvmlXidSource:
             call = "nvmlEventSetCreate"
             self._set = pynvml.nvmlEventSetCreate()
         except Exception as e:  # DriverNotLoaded, LibraryNotFound, LibRmVersionMismatch, ...
-            self._count(call, _error_name(e))
+            self._count(call, error_name(e))
             self._close()
             return False
         gpus = dict(found for index in range(count) if (found := self._register(index)) is not None)
@@ -195,7 +195,7 @@ class NvmlXidSource:
                 return None
             pynvml.nvmlDeviceRegisterEvents(handle, types, self._set)
         except Exception as e:  # NotSupported, GpuIsLost, ...: this GPU only
-            self._count(call, _error_name(e))
+            self._count(call, error_name(e))
             return None
         return _address(handle), self._identity(handle)
 
@@ -206,7 +206,7 @@ class NvmlXidSource:
             try:
                 value = getattr(pynvml, call)(handle)
             except Exception as e:
-                self._count(call, _error_name(e))
+                self._count(call, error_name(e))
                 continue
             if call == "nvmlDeviceGetUUID":
                 uuid = str(value)
@@ -223,7 +223,7 @@ class NvmlXidSource:
             self._failures = 0  # the session works; reset only here, so failing waits back off
             return  # no Xid within wait_ms: look at the stop flag, wait again
         except Exception as e:
-            self._count("nvmlEventSetWait_v2", _error_name(e))
+            self._count("nvmlEventSetWait_v2", error_name(e))
             self._close()
             self._retry_later()
             return
@@ -246,14 +246,14 @@ class NvmlXidSource:
             try:
                 pynvml.nvmlEventSetFree(self._set)
             except Exception as e:
-                self._count("nvmlEventSetFree", _error_name(e))
+                self._count("nvmlEventSetFree", error_name(e))
             self._set = None
         if self._initialized:
             self._initialized = False
             try:
                 pynvml.nvmlShutdown()  # balances our nvmlInit only: NVML counts references
             except Exception as e:
-                self._count("nvmlShutdown", _error_name(e))
+                self._count("nvmlShutdown", error_name(e))
 
     def _count(self, call: str, code: str) -> None:
         with self._lock:
