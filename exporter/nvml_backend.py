@@ -316,32 +316,38 @@ class NvmlBackend:
         return (self._read_gpu(dev),)
 
     def _read_gpu(self, dev: _Device) -> DeviceSample:
-        h = dev.handle
-        memory = self._call("nvmlDeviceGetMemoryInfo", h)
-        util = self._call("nvmlDeviceGetUtilizationRates", h)
-        card = self._card_values(h)
-        encoder = self._call("nvmlDeviceGetEncoderUtilization", h)
-        decoder = self._call("nvmlDeviceGetDecoderUtilization", h)
-        processes, processes_ok = self._processes(h)
-        util_samples, util_samples_ok = self._util_samples(dev)
         return DeviceSample(
             index=dev.index,
             uuid=dev.uuid,
             name=dev.name,
             minor_number=dev.minor_number,
             pci_bus_id=dev.pci_bus_id,
-            memory_total_bytes=None if memory is None else _known(memory.total),
-            memory_used_bytes=None if memory is None else _known(memory.used),
-            utilization_gpu=None if util is None else int(util.gpu),
-            utilization_memory=None if util is None else int(util.memory),
-            encoder_utilization=None if encoder is None else int(encoder[0]),
-            decoder_utilization=None if decoder is None else int(decoder[0]),
-            processes=processes,
-            processes_ok=processes_ok,
-            util_samples=util_samples,
-            util_samples_ok=util_samples_ok,
-            **card,
+            **self._handle_values(dev),
+            **self._card_values(dev.handle),
         )
+
+    def _handle_values(self, dev: _Device | _Mig) -> dict[str, Any]:
+        """What a GPU or MIG handle answers for itself: memory, utilization, processes."""
+        h = dev.handle
+        memory = self._call("nvmlDeviceGetMemoryInfo", h)
+        # On MIG devices current drivers say NotSupported here; a driver that answers is believed.
+        util = self._call("nvmlDeviceGetUtilizationRates", h)
+        encoder = self._call("nvmlDeviceGetEncoderUtilization", h)
+        decoder = self._call("nvmlDeviceGetDecoderUtilization", h)
+        processes, processes_ok = self._processes(h)
+        util_samples, util_samples_ok = self._util_samples(dev)
+        return {
+            "memory_total_bytes": None if memory is None else _known(memory.total),
+            "memory_used_bytes": None if memory is None else _known(memory.used),
+            "utilization_gpu": None if util is None else int(util.gpu),
+            "utilization_memory": None if util is None else int(util.memory),
+            "encoder_utilization": None if encoder is None else int(encoder[0]),
+            "decoder_utilization": None if decoder is None else int(decoder[0]),
+            "processes": processes,
+            "processes_ok": processes_ok,
+            "util_samples": util_samples,
+            "util_samples_ok": util_samples_ok,
+        }
 
     def _card_values(self, h: Any) -> dict[str, int | None]:
         """Power, temperature, clocks, ECC, clocks event reasons: what NVML answers for the card only."""
@@ -463,30 +469,13 @@ class NvmlBackend:
             return self._absent_mig(dev, m, lost=False)
         if not m.identity_ok:
             self._read_mig_identity(m)
-        h = m.handle
-        memory = self._call("nvmlDeviceGetMemoryInfo", h)
-        # NotSupported on MIG devices with current drivers; a driver that answers is believed
-        util = self._call("nvmlDeviceGetUtilizationRates", h)
-        encoder = self._call("nvmlDeviceGetEncoderUtilization", h)
-        decoder = self._call("nvmlDeviceGetDecoderUtilization", h)
-        processes, processes_ok = self._processes(h)
-        util_samples, util_samples_ok = self._util_samples(m)
         return DeviceSample(
             index=dev.index,
             uuid=m.uuid,
             name=m.name,
             minor_number=dev.minor_number,
             pci_bus_id=dev.pci_bus_id,
-            memory_total_bytes=None if memory is None else _known(memory.total),
-            memory_used_bytes=None if memory is None else _known(memory.used),
-            utilization_gpu=None if util is None else int(util.gpu),
-            utilization_memory=None if util is None else int(util.memory),
-            encoder_utilization=None if encoder is None else int(encoder[0]),
-            decoder_utilization=None if decoder is None else int(decoder[0]),
-            processes=processes,
-            processes_ok=processes_ok,
-            util_samples=util_samples,
-            util_samples_ok=util_samples_ok,
+            **self._handle_values(m),
             parent_uuid=dev.uuid,
             gpu_instance_id=m.gpu_instance_id,
             compute_instance_id=m.compute_instance_id,
