@@ -95,7 +95,8 @@ def _device_summary(d: Any) -> dict[str, Any]:
     return out
 
 
-def run_checks(out_dir: Path, load_seconds: float) -> int:
+def run_checks(out_dir: Path, load_seconds: float | None) -> int:
+    """All checks; ``load_seconds`` None skips the GPU load (steps 2 and 3)."""
     from exporter.cli import build_daemon
     from exporter.config import load_config
     from exporter.nvml_backend import NvmlBackend
@@ -120,6 +121,8 @@ def run_checks(out_dir: Path, load_seconds: float) -> int:
             check(f"{d.uuid} core fields", d.uuid.startswith(("GPU-", "MIG-")) and not d.lost
                   and "memory_total_bytes" not in absent, {"absent": absent, "mig_parent": d.parent_uuid})
 
+        if load_seconds is None:
+            return _finish(report, backend, out_dir)
         # the per-process path, with a GPU process of our own
         child = subprocess.Popen([sys.executable, __file__, "--load", str(load_seconds)],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -166,10 +169,15 @@ def run_checks(out_dir: Path, load_seconds: float) -> int:
             check("pipeline reports the child as unaccounted", bool(unaccounted), unaccounted[:1])
         child.kill()
         child.wait(timeout=10)
-        report["nvml_errors"] = {f"{c}/{e}": n for (c, e), n in backend.sample().errors.items()}
+        return _finish(report, backend, out_dir)
     finally:
         backend.close()
+
+
+def _finish(report: dict[str, Any], backend: Any, out_dir: Path) -> int:
+    report["nvml_errors"] = {f"{c}/{e}": n for (c, e), n in backend.sample().errors.items()}
     (out_dir / "device-check.json").write_text(json.dumps(report, indent=1, default=str))
+    checks = report["checks"]
     failed = [k for k, v in checks.items() if not v["ok"]]
     print(f"{len(checks) - len(failed)}/{len(checks)} checks passed; report in {out_dir}", flush=True)
     return 1 if failed else 0
@@ -179,12 +187,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--load", type=float, help="(internal) run the GPU load for this many seconds")
     p.add_argument("--seconds", type=float, default=20.0, help="how long the GPU load runs")
+    p.add_argument("--no-load", action="store_true", help="NVML checks only, no CUDA load")
     args = p.parse_args()
     if args.load is not None:
         return gpu_load(args.load)
     out_dir = Path(os.environ.get("OUT") or ".")
     out_dir.mkdir(parents=True, exist_ok=True)
-    return run_checks(out_dir, args.seconds)
+    return run_checks(out_dir, None if args.no_load else args.seconds)
 
 
 if __name__ == "__main__":
