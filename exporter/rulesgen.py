@@ -8,7 +8,6 @@ non-editable install. Run ``kube-gpu-exporter rules --help`` for the options.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -18,20 +17,25 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from exporter.generators import FIXED_LABELS as FIXED_LABELS  # public here too (tests, callers)
+from exporter.generators import (
+    K8S_NAME_RE,
+    LABEL_FLAGS,
+    LabelOptions,
+    add_label_arguments,
+    add_prometheusrule_arguments,
+    changed_flags,
+    is_positive_duration,
+    label_arguments,
+    metadata_args,
+    object_metadata,
+    parse_key_values,
+    run_cli,
+)
+
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
 
 LEVELS: tuple[str, ...] = ("container", "pod", "node", "workload", "namespace", "cluster")
-
-# Labels the exporter always emits under these fixed names; a configurable label must not
-# shadow them or the aggregations would silently merge two different dimensions.
-FIXED_LABELS: frozenset[str] = frozenset(
-    {"workload_kind", "workload_name", "uuid", "minor_number", "allocate_mode", "scheme", "name", "pod_uid"}
-)
-
-_LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-# Prometheus duration syntax (units in descending order, each at most once).
-_DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
-_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class RuleOptionsError(ValueError):
@@ -39,47 +43,17 @@ class RuleOptionsError(ValueError):
 
 
 @dataclass(frozen=True)
-class RuleOptions:
+class RuleOptions(LabelOptions):
     """What to render. Label names must match what the exporter was started with."""
 
-    pod_label: str = "pod_name"
-    namespace_label: str = "namespace_name"
-    container_label: str = "container_name"
-    node_label: str = "node_name"
-    cluster_label: str | None = None
     interval: str = "30s"
     levels: tuple[str, ...] = LEVELS
     group_name: str = "k8s-gpu"
 
     def validate(self) -> None:
         """Raise :class:`RuleOptionsError` with a message naming the offending option."""
-        named = {
-            "--pod-label": self.pod_label,
-            "--namespace-label": self.namespace_label,
-            "--container-label": self.container_label,
-            "--node-label": self.node_label,
-        }
-        if self.cluster_label is not None:
-            named["--cluster-label"] = self.cluster_label
-        for flag, value in named.items():
-            if not _LABEL_RE.match(value or ""):
-                raise RuleOptionsError(
-                    f"{flag}: {value!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"
-                )
-            if value.startswith("__"):
-                raise RuleOptionsError(f"{flag}: {value!r} starts with '__', which Prometheus reserves")
-            if value in FIXED_LABELS:
-                raise RuleOptionsError(f"{flag}: {value!r} is a label the exporter already uses")
-        seen: dict[str, str] = {}
-        for flag, value in named.items():
-            if value in seen:
-                raise RuleOptionsError(f"{flag} and {seen[value]} are both {value!r}; they must differ")
-            seen[value] = flag
-        if (
-            not self.interval
-            or not _DURATION_RE.match(self.interval)
-            or not re.search(r"[1-9]", self.interval)
-        ):
+        self.validate_labels(RuleOptionsError)
+        if not is_positive_duration(self.interval):
             raise RuleOptionsError(
                 f"--interval: {self.interval!r} is not a positive Prometheus duration (e.g. 30s, 1m)"
             )
@@ -90,24 +64,13 @@ class RuleOptions:
             raise RuleOptionsError(
                 f"--levels: unknown level(s) {', '.join(unknown)}; choose from {', '.join(LEVELS)}"
             )
-        if not _K8S_NAME_RE.match(self.group_name):
+        if not K8S_NAME_RE.match(self.group_name):
             raise RuleOptionsError(f"group name {self.group_name!r} must be a lowercase DNS-style name")
 
     def to_args(self) -> list[str]:
         """The ``kube-gpu-exporter rules`` flags that reproduce these options (defaults omitted)."""
-        d = RuleOptions()
-        out: list[str] = []
-        for attr, flag in (
-            ("pod_label", "--pod-label"),
-            ("namespace_label", "--namespace-label"),
-            ("container_label", "--container-label"),
-            ("node_label", "--node-label"),
-            ("cluster_label", "--cluster-label"),
-            ("interval", "--interval"),
-        ):
-            if getattr(self, attr) != getattr(d, attr):
-                out.append(f"{flag}={getattr(self, attr)}")
-        if tuple(self.levels) != d.levels:
+        out = changed_flags(self, (*LABEL_FLAGS, ("interval", "--interval")))
+        if tuple(self.levels) != LEVELS:
             out.append(f"--levels={','.join(self.levels)}")
         return out
 
@@ -224,37 +187,16 @@ def render_prometheusrule(
 ) -> str:
     """Return the bundle wrapped in a ``monitoring.coreos.com/v1`` PrometheusRule object."""
     opts.validate()
-    if not _K8S_NAME_RE.match(name):
-        raise RuleOptionsError(f"--name: {name!r} is not a valid Kubernetes object name")
-    if namespace is not None and not _K8S_NAME_RE.match(namespace):
-        raise RuleOptionsError(f"--namespace: {namespace!r} is not a valid Kubernetes namespace")
+    meta = object_metadata(name, namespace, labels, RuleOptionsError)
     env = _environment()
     groups = env.get_template("groups.yaml.j2").render(**_context(opts))
-    meta: dict[str, object] = {"name": name}
-    if namespace:
-        meta["namespace"] = namespace
-    if labels:
-        meta["labels"] = dict(labels)
     # yaml.safe_dump quotes label values as needed (e.g. "true", "1"), which hand-written
     # template text would get wrong.
     metadata = yaml.safe_dump({"metadata": meta}, default_flow_style=False, sort_keys=False)
-    args = ["--format=prometheusrule", *opts.to_args(), f"--name={name}"]
-    if namespace:
-        args.append(f"--namespace={namespace}")
-    args += [f"--label={k}={v}" for k, v in (labels or {}).items()]
+    args = ["--format=prometheusrule", *opts.to_args(), f"--name={name}", *metadata_args(namespace, labels)]
     return env.get_template("prometheusrule.yaml.j2").render(
         metadata=metadata, groups=groups, cli_args=" ".join(args)
     )
-
-
-def _parse_labels(items: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise RuleOptionsError(f"--label: {item!r} must look like key=value")
-        out[key] = value
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -264,18 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render the GPU recording-rule bundle (container/pod/node/workload/namespace/cluster).",
     )
     d = RuleOptions()
-    p.add_argument("--pod-label", default=d.pod_label, help="pod label name (default %(default)s)")
-    p.add_argument(
-        "--namespace-label", default=d.namespace_label, help="namespace label (default %(default)s)"
-    )
-    p.add_argument(
-        "--container-label", default=d.container_label, help="container label (default %(default)s)"
-    )
-    p.add_argument("--node-label", default=d.node_label, help="node label (default %(default)s)")
-    p.add_argument(
-        "--cluster-label",
-        default=None,
-        help="label telling clusters apart (e.g. cluster); every aggregation keeps it. Default: none",
+    add_label_arguments(
+        p, "label telling clusters apart (e.g. cluster); every aggregation keeps it. Default: none"
     )
     p.add_argument(
         "--interval", default=d.interval, help="rule group evaluation interval (default %(default)s)"
@@ -285,15 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(LEVELS),
         help="comma-separated levels to emit (default %(default)s)",
     )
-    p.add_argument("--format", choices=("plain", "prometheusrule"), default="plain")
-    p.add_argument("--name", default="kube-gpu-exporter", help="PrometheusRule metadata.name")
-    p.add_argument("--namespace", default=None, help="PrometheusRule metadata.namespace")
-    p.add_argument(
-        "--label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="PrometheusRule metadata label, repeatable (e.g. release=kube-prometheus-stack)",
+    add_prometheusrule_arguments(
+        p, "kube-gpu-exporter", "PrometheusRule metadata label, repeatable (e.g. release=kube-prometheus-stack)"
     )
     p.add_argument("-o", "--output", default="-", help="output file (default stdout)")
     return p
@@ -302,35 +227,21 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from_args(args: argparse.Namespace) -> RuleOptions:
     """Translate parsed CLI arguments into :class:`RuleOptions` (not yet validated)."""
     levels = tuple(dict.fromkeys(lv.strip() for lv in args.levels.split(",") if lv.strip()))
-    return RuleOptions(
-        pod_label=args.pod_label,
-        namespace_label=args.namespace_label,
-        container_label=args.container_label,
-        node_label=args.node_label,
-        cluster_label=args.cluster_label or None,
-        interval=args.interval,
-        levels=levels,
-    )
+    return RuleOptions(**label_arguments(args), interval=args.interval, levels=levels)
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; ``argv`` are the arguments after ``rules``. Returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
+    args = build_parser().parse_args(argv)
+
+    def render() -> str:
         opts = options_from_args(args)
         if args.format == "plain":
-            text = render_rules(opts)
-        else:
-            text = render_prometheusrule(opts, args.name, args.namespace, _parse_labels(args.label))
-    except RuleOptionsError as exc:
-        print(f"kube-gpu-exporter rules: error: {exc}", file=sys.stderr)
-        return 2
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args.output).write_text(text, encoding="utf-8")
-    return 0
+            return render_rules(opts)
+        labels = parse_key_values(args.label, "--label", RuleOptionsError)
+        return render_prometheusrule(opts, args.name, args.namespace, labels)
+
+    return run_cli("rules", RuleOptionsError, render, args.output)
 
 
 if __name__ == "__main__":

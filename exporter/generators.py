@@ -1,0 +1,233 @@
+"""What the rules, alerts and dashboards generators share.
+
+``exporter.rulesgen``, ``exporter.alertsgen`` and ``exporter.dashboardsgen`` each keep their own
+options class (a :class:`LabelOptions`) and error class; the helpers here raise the error class
+they are given, so each CLI reports ``kube-gpu-exporter <command>: error: ...`` and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Labels the exporter always emits under these fixed names; a configurable label must not
+# shadow them or the aggregations would silently merge two different dimensions.
+FIXED_LABELS: frozenset[str] = frozenset(
+    {"workload_kind", "workload_name", "uuid", "minor_number", "allocate_mode", "scheme", "name", "pod_uid"}
+)
+
+LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Prometheus duration syntax (units in descending order, each at most once).
+DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
+_DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+Error = type[Exception]
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Prometheus duration such as ``1h30m``; raises ValueError when malformed."""
+    if not text or not DURATION_RE.match(text):
+        raise ValueError(f"{text!r} is not a Prometheus duration")
+    return sum(int(n) * _DURATION_UNITS[u] for n, u in re.findall(r"(\d+)(ms|[ywdhms])", text))
+
+
+def is_positive_duration(text: str) -> bool:
+    """Whether ``text`` is a Prometheus duration longer than zero."""
+    try:
+        return duration_seconds(text) > 0
+    except ValueError:
+        return False
+
+
+# ------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class LabelOptions:
+    """The label names every generator takes; they must match what the exporter was started with."""
+
+    pod_label: str = "pod_name"
+    namespace_label: str = "namespace_name"
+    container_label: str = "container_name"
+    node_label: str = "node_name"
+    cluster_label: str | None = None
+
+    def validate_labels(self, error: Error) -> None:
+        """Raise ``error`` naming the flag of a label name that is invalid, reserved, taken or repeated."""
+        named = {
+            "--pod-label": self.pod_label,
+            "--namespace-label": self.namespace_label,
+            "--container-label": self.container_label,
+            "--node-label": self.node_label,
+        }
+        if self.cluster_label is not None:
+            named["--cluster-label"] = self.cluster_label
+        for flag, value in named.items():
+            if not LABEL_RE.match(value or ""):
+                raise error(f"{flag}: {value!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+            if value.startswith("__"):
+                raise error(f"{flag}: {value!r} starts with '__', which Prometheus reserves")
+            if value in FIXED_LABELS:
+                raise error(f"{flag}: {value!r} is a label the exporter already uses")
+        seen: dict[str, str] = {}
+        for flag, value in named.items():
+            if value in seen:
+                raise error(f"{flag} and {seen[value]} are both {value!r}; they must differ")
+            seen[value] = flag
+
+
+LABEL_FLAGS: tuple[tuple[str, str], ...] = (
+    ("pod_label", "--pod-label"),
+    ("namespace_label", "--namespace-label"),
+    ("container_label", "--container-label"),
+    ("node_label", "--node-label"),
+    ("cluster_label", "--cluster-label"),
+)
+
+
+def changed_flags(opts: object, flags: Sequence[tuple[str, str]]) -> list[str]:
+    """``--flag=value`` for each (attribute, flag) whose value differs from the default options'.
+
+    A changed bool gives the bare flag; a tuple is comma-separated; a float is written ``%g``.
+    """
+    default = type(opts)()
+    out: list[str] = []
+    for attr, flag in flags:
+        value = getattr(opts, attr)
+        if value == getattr(default, attr):
+            continue
+        if isinstance(value, bool):
+            out.append(flag)
+            continue
+        if isinstance(value, tuple):
+            value = ",".join(map(str, value))
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        out.append(f"{flag}={value}")
+    return out
+
+
+def parse_key_values(items: Sequence[str], flag: str, error: Error) -> dict[str, str]:
+    """``["k=v", ...]`` of a repeatable ``flag`` as a dict; ``error`` for an item without ``=`` or key."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise error(f"{flag}: {item!r} must look like key=value")
+        out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------ Kubernetes objects
+
+
+def check_namespace(namespace: str | None, error: Error) -> None:
+    if namespace is not None and not K8S_NAME_RE.match(namespace):
+        raise error(f"--namespace: {namespace!r} is not a valid Kubernetes namespace")
+
+
+def object_metadata(
+    name: str, namespace: str | None, labels: Mapping[str, str] | None, error: Error
+) -> dict[str, object]:
+    """Checked ``metadata`` of a PrometheusRule: name, namespace and labels when given."""
+    if not K8S_NAME_RE.match(name):
+        raise error(f"--name: {name!r} is not a valid Kubernetes object name")
+    check_namespace(namespace, error)
+    meta: dict[str, object] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    if labels:
+        meta["labels"] = dict(labels)
+    return meta
+
+
+def metadata_args(namespace: str | None, labels: Mapping[str, str] | None) -> list[str]:
+    """The ``--namespace`` and ``--label`` flags that reproduce an object's metadata."""
+    args = [f"--namespace={namespace}"] if namespace else []
+    return args + [f"--label={k}={v}" for k, v in (labels or {}).items()]
+
+
+def command_line(command: str, args: Sequence[str]) -> str:
+    """``kube-gpu-exporter <command> <args>``, shell-quoted, for a generated file's header."""
+    return " ".join([f"kube-gpu-exporter {command}", *map(shlex.quote, args)])
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block scalars for multi-line strings; never wraps long lines."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def dump_yaml(doc: object) -> str:
+    """YAML of ``doc`` in key order, multi-line strings (PromQL, JSON) as block scalars."""
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True)
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def add_label_arguments(p: argparse.ArgumentParser, cluster_help: str) -> None:
+    """The ``--pod-label`` ... ``--cluster-label`` options, defaults from :class:`LabelOptions`."""
+    d = LabelOptions()
+    p.add_argument("--pod-label", default=d.pod_label, help="pod label name (default %(default)s)")
+    p.add_argument("--namespace-label", default=d.namespace_label, help="namespace label (default %(default)s)")
+    p.add_argument("--container-label", default=d.container_label, help="container label (default %(default)s)")
+    p.add_argument("--node-label", default=d.node_label, help="node label (default %(default)s)")
+    p.add_argument("--cluster-label", default=None, help=cluster_help)
+
+
+def label_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`LabelOptions` fields from parsed arguments (an empty cluster label is none)."""
+    return {
+        "pod_label": args.pod_label,
+        "namespace_label": args.namespace_label,
+        "container_label": args.container_label,
+        "node_label": args.node_label,
+        "cluster_label": args.cluster_label or None,
+    }
+
+
+def add_prometheusrule_arguments(p: argparse.ArgumentParser, name: str, label_help: str) -> None:
+    """``--format plain|prometheusrule`` and the PrometheusRule's ``--name``, ``--namespace``, ``--label``."""
+    p.add_argument("--format", choices=("plain", "prometheusrule"), default="plain")
+    p.add_argument("--name", default=name, help="PrometheusRule metadata.name")
+    p.add_argument("--namespace", default=None, help="PrometheusRule metadata.namespace")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help=label_help)
+
+
+def fail(command: str, exc: Exception) -> int:
+    """Report an options error the way every generator does; the exit status (2)."""
+    print(f"kube-gpu-exporter {command}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def write_output(text: str, output: str | None) -> None:
+    """Write ``text`` to stdout (``-`` or no output given) or to the file ``output``."""
+    if output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(output).write_text(text, encoding="utf-8")
+
+
+def run_cli(command: str, error: Error, render: Callable[[], str], output: str | None) -> int:
+    """Render, write to ``output`` and return 0; on ``error`` report it and return 2."""
+    try:
+        text = render()
+    except error as exc:
+        return fail(command, exc)
+    write_output(text, output)
+    return 0
