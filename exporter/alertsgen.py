@@ -10,15 +10,29 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
-
-from exporter.rulesgen import RuleOptions, RuleOptionsError
+from exporter.generators import (
+    K8S_NAME_RE,
+    LABEL_FLAGS,
+    LABEL_RE,
+    LabelOptions,
+    add_label_arguments,
+    add_prometheusrule_arguments,
+    changed_flags,
+    command_line,
+    dump_yaml,
+    duration_seconds,
+    is_positive_duration,
+    label_arguments,
+    metadata_args,
+    object_metadata,
+    parse_key_values,
+    run_cli,
+)
+from exporter.rulesgen import RuleOptionsError
 from exporter.xid import CATALOG as XID_CATALOG
 
 DEFAULT_RUNBOOK_URL = "https://github.com/kube-gpu-exporter/kube-gpu-exporter/blob/main/docs/alerts.md"
@@ -30,32 +44,17 @@ CRITICAL_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.se
 APPLICATION_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.severity == "application")
 
 SEVERITIES: frozenset[str] = frozenset({"critical", "warning", "info"})
-_DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
-_DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
 _SELECTOR_RE = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*$')
-_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class AlertOptionsError(RuleOptionsError):
     """Raised for option values that would render an invalid or misleading alert bundle."""
 
 
-def duration_seconds(text: str) -> float:
-    """Seconds in a Prometheus duration such as ``1h30m``; raises ValueError when malformed."""
-    if not text or not _DURATION_RE.match(text):
-        raise ValueError(f"{text!r} is not a Prometheus duration")
-    return sum(int(n) * _DURATION_UNITS[u] for n, u in re.findall(r"(\d+)(ms|[ywdhms])", text))
-
-
 @dataclass(frozen=True)
-class AlertOptions:
+class AlertOptions(LabelOptions):
     """What to render. Label names must match what the exporter was started with."""
 
-    pod_label: str = "pod_name"
-    namespace_label: str = "namespace_name"
-    container_label: str = "container_name"
-    node_label: str = "node_name"
-    cluster_label: str | None = None
     # Target label kept on every alert so Alertmanager can inhibit by scrape target.
     instance_label: str = "instance"
     # Matchers for the exporter's `up` series (the scrape job's name depends on the install).
@@ -75,17 +74,8 @@ class AlertOptions:
 
     def validate(self) -> None:
         """Raise :class:`AlertOptionsError` with a message naming the offending option."""
-        try:
-            RuleOptions(
-                pod_label=self.pod_label,
-                namespace_label=self.namespace_label,
-                container_label=self.container_label,
-                node_label=self.node_label,
-                cluster_label=self.cluster_label,
-            ).validate()
-        except RuleOptionsError as exc:
-            raise AlertOptionsError(str(exc)) from None
-        if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", self.instance_label):
+        self.validate_labels(AlertOptionsError)
+        if not LABEL_RE.match(self.instance_label):
             raise AlertOptionsError(f"--instance-label: {self.instance_label!r} is not a valid label name")
         if not all(_SELECTOR_RE.match(m) for m in _split_matchers(self.exporter_selector)):
             raise AlertOptionsError(
@@ -94,47 +84,28 @@ class AlertOptions:
         if not self.runbook_url.startswith(("http://", "https://")):
             raise AlertOptionsError(f"--runbook-url: {self.runbook_url!r} must be an http(s) URL")
         for flag, value in (("--xid-window", self.xid_window), ("--idle-for", self.idle_for)):
-            try:
-                if duration_seconds(value) <= 0:
-                    raise ValueError
-            except ValueError:
-                raise AlertOptionsError(f"{flag}: {value!r} is not a positive Prometheus duration") from None
+            if not is_positive_duration(value):
+                raise AlertOptionsError(f"{flag}: {value!r} is not a positive Prometheus duration")
         overlap = set(self.critical_xids) & set(self.application_xids)
         if overlap:
             raise AlertOptionsError(f"Xid(s) {sorted(overlap)} are both critical and application-level")
         if not self.critical_xids or not self.application_xids:
             raise AlertOptionsError("--critical-xids and --application-xids must not be empty")
         for key in self.extra_labels:
-            if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", key) or key in ("severity", "alertname"):
+            if not LABEL_RE.match(key) or key in ("severity", "alertname"):
                 raise AlertOptionsError(f"--alert-label: {key!r} cannot be an alert label")
-        if not _K8S_NAME_RE.match(self.group_name):
+        if not K8S_NAME_RE.match(self.group_name):
             raise AlertOptionsError(f"group name {self.group_name!r} must be a lowercase DNS-style name")
 
     def to_args(self) -> list[str]:
         """The ``kube-gpu-exporter alerts`` flags that reproduce these options (defaults omitted)."""
-        d = AlertOptions()
-        out: list[str] = []
-        for attr, flag in _FLAGS:
-            value, default = getattr(self, attr), getattr(d, attr)
-            if value != default:
-                if isinstance(value, bool):
-                    out.append(flag)
-                    continue
-                if isinstance(value, tuple):
-                    value = ",".join(map(str, value))
-                elif isinstance(value, float):
-                    value = f"{value:g}"
-                out.append(f"{flag}={value}")
+        out = changed_flags(self, _FLAGS)
         out += [f"--alert-label={k}={v}" for k, v in self.extra_labels.items()]
         return out
 
 
 _FLAGS: tuple[tuple[str, str], ...] = (
-    ("pod_label", "--pod-label"),
-    ("namespace_label", "--namespace-label"),
-    ("container_label", "--container-label"),
-    ("node_label", "--node-label"),
-    ("cluster_label", "--cluster-label"),
+    *LABEL_FLAGS,
     ("instance_label", "--instance-label"),
     ("exporter_selector", "--exporter-selector"),
     ("runbook_url", "--runbook-url"),
@@ -393,31 +364,14 @@ def _rule(alert: Alert, opts: AlertOptions) -> dict[str, object]:
     return rule
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block scalars for multi-line PromQL; never wraps long lines."""
-
-
-def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_Dumper.add_representer(str, _str_representer)
-
-
-def _dump(doc: object) -> str:
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True)
-
-
 def _groups(opts: AlertOptions) -> list[dict[str, object]]:
     opts.validate()
     return [{"name": opts.group_name, "rules": [_rule(a, opts) for a in build_alerts(opts)]}]
 
 
 def _header(args: Sequence[str]) -> str:
-    cmd = " ".join(["kube-gpu-exporter alerts", *map(shlex.quote, args)])
     return (
-        f"# Generated by `{cmd}`: do not edit by hand.\n"
+        f"# Generated by `{command_line('alerts', args)}`: do not edit by hand.\n"
         "# GPU alerts for kube-gpu-exporter; the runbook is docs/alerts.md.\n"
     )
 
@@ -425,7 +379,7 @@ def _header(args: Sequence[str]) -> str:
 def render_alerts(opts: AlertOptions) -> str:
     """Return the plain Prometheus rule file (``groups:``) with the alerts for ``opts``."""
     groups = _groups(opts)
-    return _header(opts.to_args()) + _dump({"groups": groups})
+    return _header(opts.to_args()) + dump_yaml({"groups": groups})
 
 
 def render_prometheusrule(
@@ -436,34 +390,14 @@ def render_prometheusrule(
 ) -> str:
     """Return the alerts wrapped in a ``monitoring.coreos.com/v1`` PrometheusRule object."""
     groups = _groups(opts)
-    if not _K8S_NAME_RE.match(name):
-        raise AlertOptionsError(f"--name: {name!r} is not a valid Kubernetes object name")
-    if namespace is not None and not _K8S_NAME_RE.match(namespace):
-        raise AlertOptionsError(f"--namespace: {namespace!r} is not a valid Kubernetes namespace")
-    meta: dict[str, object] = {"name": name}
-    if namespace:
-        meta["namespace"] = namespace
-    if labels:
-        meta["labels"] = dict(labels)
+    meta = object_metadata(name, namespace, labels, AlertOptionsError)
     doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
            "spec": {"groups": groups}}  # fmt: skip
     args = ["--format=prometheusrule", *opts.to_args()]
     if name != "kube-gpu-exporter-alerts":
         args.append(f"--name={name}")
-    if namespace:
-        args.append(f"--namespace={namespace}")
-    args += [f"--label={k}={v}" for k, v in (labels or {}).items()]
-    return _header(args) + _dump(doc)
-
-
-def _parse_labels(items: Sequence[str], flag: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise AlertOptionsError(f"{flag}: {item!r} must look like key=value")
-        out[key] = value
-    return out
+    args += metadata_args(namespace, labels)
+    return _header(args) + dump_yaml(doc)
 
 
 def _parse_xids(text: str, flag: str) -> tuple[int, ...]:
@@ -483,11 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render the GPU alerting rules (runbook: docs/alerts.md).",
     )
     d = AlertOptions()
-    p.add_argument("--pod-label", default=d.pod_label, help="pod label name (default %(default)s)")
-    p.add_argument("--namespace-label", default=d.namespace_label, help="namespace label (default %(default)s)")
-    p.add_argument("--container-label", default=d.container_label, help="container label (default %(default)s)")
-    p.add_argument("--node-label", default=d.node_label, help="node label (default %(default)s)")
-    p.add_argument("--cluster-label", default=None, help="label telling clusters apart (default: none)")
+    add_label_arguments(p, "label telling clusters apart (default: none)")
     p.add_argument("--instance-label", default=d.instance_label,
                    help="scrape-target label kept on every alert, for inhibition (default %(default)s)")
     p.add_argument("--exporter-selector", default=d.exporter_selector,
@@ -503,11 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-for", default=d.idle_for, help="how long an allocation may sit idle (default %(default)s)")
     p.add_argument("--no-recording-rules-alert", dest="recording_rules_alert", action="store_false",
                    help="omit KubeGpuRecordingRulesMissing (when the recording rules are not loaded)")
-    p.add_argument("--format", choices=("plain", "prometheusrule"), default="plain")
-    p.add_argument("--name", default="kube-gpu-exporter-alerts", help="PrometheusRule metadata.name")
-    p.add_argument("--namespace", default=None, help="PrometheusRule metadata.namespace")
-    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
-                   help="PrometheusRule metadata label, repeatable")
+    add_prometheusrule_arguments(p, "kube-gpu-exporter-alerts", "PrometheusRule metadata label, repeatable")
     p.add_argument("--alert-label", action="append", default=[], metavar="KEY=VALUE",
                    help="extra label on every alert, repeatable (e.g. team=ml-platform)")
     p.add_argument("-o", "--output", default="-", help="output file (default stdout)")
@@ -517,11 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from_args(args: argparse.Namespace) -> AlertOptions:
     """Translate parsed CLI arguments into :class:`AlertOptions` (not yet validated)."""
     return AlertOptions(
-        pod_label=args.pod_label,
-        namespace_label=args.namespace_label,
-        container_label=args.container_label,
-        node_label=args.node_label,
-        cluster_label=args.cluster_label or None,
+        **label_arguments(args),
         instance_label=args.instance_label,
         exporter_selector=args.exporter_selector,
         runbook_url=args.runbook_url,
@@ -531,27 +453,22 @@ def options_from_args(args: argparse.Namespace) -> AlertOptions:
         temperature_celsius=args.temperature_celsius,
         idle_for=args.idle_for,
         recording_rules_alert=args.recording_rules_alert,
-        extra_labels=_parse_labels(args.alert_label, "--alert-label"),
+        extra_labels=parse_key_values(args.alert_label, "--alert-label", AlertOptionsError),
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; ``argv`` are the arguments after ``alerts``. Returns the exit status."""
     args = build_parser().parse_args(argv)
-    try:
+
+    def render() -> str:
         opts = options_from_args(args)
         if args.format == "plain":
-            text = render_alerts(opts)
-        else:
-            text = render_prometheusrule(opts, args.name, args.namespace, _parse_labels(args.label, "--label"))
-    except AlertOptionsError as exc:
-        print(f"kube-gpu-exporter alerts: error: {exc}", file=sys.stderr)
-        return 2
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args.output).write_text(text, encoding="utf-8")
-    return 0
+            return render_alerts(opts)
+        labels = parse_key_values(args.label, "--label", AlertOptionsError)
+        return render_prometheusrule(opts, args.name, args.namespace, labels)
+
+    return run_cli("alerts", AlertOptionsError, render, args.output)
 
 
 if __name__ == "__main__":
