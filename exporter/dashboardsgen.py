@@ -13,16 +13,27 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from exporter.rulesgen import RuleOptions, RuleOptionsError
+from exporter.generators import (
+    LABEL_FLAGS,
+    LabelOptions,
+    add_label_arguments,
+    changed_flags,
+    check_namespace,
+    command_line,
+    dump_yaml,
+    fail,
+    label_arguments,
+    metadata_args,
+    parse_key_values,
+    write_output,
+)
+from exporter.rulesgen import RuleOptionsError
 
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -31,8 +42,7 @@ UNITS: frozenset[str] = frozenset({"percent", "bytes", "mwatt", "celsius", "shor
 DASHBOARDS: tuple[str, ...] = ("cluster", "node", "workload")
 
 _UID_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,29}$")
-_DURATION_RE = re.compile(r"^[1-9][0-9]*[smhd]$")
-_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_REFRESH_RE = re.compile(r"^[1-9][0-9]*[smhd]$")
 _LABEL_KEY_RE = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 
@@ -41,14 +51,9 @@ class DashboardOptionsError(RuleOptionsError):
 
 
 @dataclass(frozen=True)
-class DashboardOptions:
+class DashboardOptions(LabelOptions):
     """What to render. Label names must match the recording rules' (and so the exporter's)."""
 
-    pod_label: str = "pod_name"
-    namespace_label: str = "namespace_name"
-    container_label: str = "container_name"
-    node_label: str = "node_name"
-    cluster_label: str | None = None
     uid_prefix: str = "kube-gpu"
     title_prefix: str = "GPU / "
     tags: tuple[str, ...] = ("kube-gpu-exporter", "gpu")
@@ -57,21 +62,12 @@ class DashboardOptions:
 
     def validate(self) -> None:
         """Raise :class:`DashboardOptionsError` with a message naming the offending option."""
-        try:
-            RuleOptions(
-                pod_label=self.pod_label,
-                namespace_label=self.namespace_label,
-                container_label=self.container_label,
-                node_label=self.node_label,
-                cluster_label=self.cluster_label,
-            ).validate()
-        except RuleOptionsError as exc:
-            raise DashboardOptionsError(str(exc)) from None
+        self.validate_labels(DashboardOptionsError)
         if not _UID_PREFIX_RE.match(self.uid_prefix):
             raise DashboardOptionsError(
                 f"--uid-prefix: {self.uid_prefix!r} must be 1-30 of [a-z0-9-] (dashboard uids are at most 40)"
             )
-        if not _DURATION_RE.match(self.refresh):
+        if not _REFRESH_RE.match(self.refresh):
             raise DashboardOptionsError(f"--refresh: {self.refresh!r} must look like 30s, 1m or 1h")
         if not re.match(r"^now-[1-9][0-9]*[smhdwMy]$", self.time_from):
             raise DashboardOptionsError(f"--time-from: {self.time_from!r} must look like now-6h")
@@ -80,23 +76,14 @@ class DashboardOptions:
 
     def to_args(self) -> list[str]:
         """The ``kube-gpu-exporter dashboards`` flags that reproduce these options (defaults omitted)."""
-        d = DashboardOptions()
-        out: list[str] = []
-        for attr, flag in _FLAGS:
-            value = getattr(self, attr)
-            if value != getattr(d, attr):
-                out.append(f"{flag}={value}")
-        if self.tags != d.tags:
+        out = changed_flags(self, _FLAGS)
+        if self.tags != DashboardOptions().tags:
             out += [f"--tag={t}" for t in self.tags]
         return out
 
 
 _FLAGS: tuple[tuple[str, str], ...] = (
-    ("pod_label", "--pod-label"),
-    ("namespace_label", "--namespace-label"),
-    ("container_label", "--container-label"),
-    ("node_label", "--node-label"),
-    ("cluster_label", "--cluster-label"),
+    *LABEL_FLAGS,
     ("uid_prefix", "--uid-prefix"),
     ("title_prefix", "--title-prefix"),
     ("refresh", "--refresh"),
@@ -1281,7 +1268,7 @@ def build_dashboard(opts: DashboardOptions, name: str) -> dict[str, Any]:
     title, what, builder = _BOARDS[name]
     q = _Q(opts)
     panels, wanted = builder(opts, q)
-    cmd = " ".join(["kube-gpu-exporter dashboards", *map(shlex.quote, opts.to_args())])
+    cmd = command_line("dashboards", opts.to_args())
     return {
         "annotations": {
             "list": [
@@ -1341,17 +1328,6 @@ def render_dashboards(opts: DashboardOptions) -> dict[str, str]:
     return {f"{dashboard_uid(opts, name)}.json": _dumps(build_dashboard(opts, name)) for name in DASHBOARDS}
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block scalars for the embedded JSON; never wraps long lines."""
-
-
-def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
-
-
-_Dumper.add_representer(str, _str_representer)
-
-
 def render_configmaps(
     opts: DashboardOptions,
     namespace: str | None = None,
@@ -1359,8 +1335,7 @@ def render_configmaps(
 ) -> str:
     """One ConfigMap per dashboard (multi-document YAML) for Grafana's dashboard sidecar."""
     files = render_dashboards(opts)
-    if namespace is not None and not _K8S_NAME_RE.match(namespace):
-        raise DashboardOptionsError(f"--namespace: {namespace!r} is not a valid Kubernetes namespace")
+    check_namespace(namespace, DashboardOptionsError)
     meta_labels = {"grafana_dashboard": "1", **dict(labels or {})}
     for key in meta_labels:
         if not _LABEL_KEY_RE.match(key):
@@ -1372,33 +1347,16 @@ def render_configmaps(
             meta["namespace"] = namespace
         meta["labels"] = meta_labels
         docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {file_name: text}})
-    args = ["--format=configmap", *opts.to_args()]
-    if namespace:
-        args.append(f"--namespace={namespace}")
-    args += [f"--label={k}={v}" for k, v in (labels or {}).items()]
+    args = ["--format=configmap", *opts.to_args(), *metadata_args(namespace, labels)]
     header = (
-        f"# Generated by `{' '.join(['kube-gpu-exporter dashboards', *map(shlex.quote, args)])}`: "
-        "do not edit by hand.\n"
+        f"# Generated by `{command_line('dashboards', args)}`: do not edit by hand.\n"
         '# Grafana dashboards of kube-gpu-exporter for the Grafana sidecar (label grafana_dashboard: "1");\n'
         "# see docs/dashboards.md. Apply with `kubectl apply --server-side -f`.\n"
     )
-    body = "".join(
-        "---\n" + yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=10_000, allow_unicode=True) for d in docs
-    )
-    return header + body
+    return header + "".join("---\n" + dump_yaml(d) for d in docs)
 
 
 # ------------------------------------------------------------------ CLI
-
-
-def _parse_labels(items: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise DashboardOptionsError(f"--label: {item!r} must look like key=value")
-        out[key] = value
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1409,13 +1367,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or Grafana-sidecar ConfigMaps.",
     )
     d = DashboardOptions()
-    p.add_argument("--pod-label", default=d.pod_label, help="pod label name (default %(default)s)")
-    p.add_argument("--namespace-label", default=d.namespace_label, help="namespace label (default %(default)s)")
-    p.add_argument("--container-label", default=d.container_label, help="container label (default %(default)s)")
-    p.add_argument("--node-label", default=d.node_label, help="node label (default %(default)s)")
-    p.add_argument(
-        "--cluster-label", default=None, help="label telling clusters apart: adds a cluster variable (default: none)"
-    )
+    add_label_arguments(p, "label telling clusters apart: adds a cluster variable (default: none)")
     p.add_argument("--uid-prefix", default=d.uid_prefix, help="dashboard uid prefix (default %(default)s)")
     p.add_argument("--title-prefix", default=d.title_prefix, help="dashboard title prefix (default %(default)r)")
     p.add_argument(
@@ -1450,11 +1402,7 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from_args(args: argparse.Namespace) -> DashboardOptions:
     """Translate parsed CLI arguments into :class:`DashboardOptions` (not yet validated)."""
     return DashboardOptions(
-        pod_label=args.pod_label,
-        namespace_label=args.namespace_label,
-        container_label=args.container_label,
-        node_label=args.node_label,
-        cluster_label=args.cluster_label or None,
+        **label_arguments(args),
         uid_prefix=args.uid_prefix,
         title_prefix=args.title_prefix,
         tags=tuple(args.tag) if args.tag else DashboardOptions().tags,
@@ -1471,11 +1419,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.format == "configmap":
             if args.only:
                 raise DashboardOptionsError("--only applies to --format json")
-            text = render_configmaps(opts, args.namespace, _parse_labels(args.label))
-            if args.output in (None, "-"):
-                sys.stdout.write(text)
-            else:
-                Path(args.output).write_text(text, encoding="utf-8")
+            text = render_configmaps(
+                opts, args.namespace, parse_key_values(args.label, "--label", DashboardOptionsError)
+            )
+            write_output(text, args.output)
             return 0
         if args.namespace or args.label:
             raise DashboardOptionsError("--namespace and --label apply to --format configmap")
@@ -1493,8 +1440,7 @@ def main(argv: list[str] | None = None) -> int:
         for file_name, text in files.items():
             (out_dir / file_name).write_text(text, encoding="utf-8")
     except DashboardOptionsError as exc:
-        print(f"kube-gpu-exporter dashboards: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("dashboards", exc)
     return 0
 
 
