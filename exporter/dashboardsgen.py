@@ -626,6 +626,11 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
     n, g = q.NODE, q.GPU
     card = ("uuid", "minor_number")
     gpu_legend = "GPU {{minor_number}}"
+
+    def per_gpu(series: str, *matchers: str) -> str:
+        # one series per selected GPU of the node, a GPU scraped twice counted once
+        return f"max {by(q.node, *card)} ({series}{s(n, g, *matchers)})"
+
     L.row("Node")
     L.add(
         stat(
@@ -666,7 +671,7 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
             "Average temperature",
             "Mean temperature of the selected GPUs.",
             "celsius",
-            [Target(f"avg(max {by(q.node, *card)} (nvidia_gpu_temperature_celsius{s(n, g)}))")],
+            [Target(f"avg({per_gpu('nvidia_gpu_temperature_celsius')})")],
             steps=((None, "green"), (80, "orange"), (85, "red")),
         ),
         4,
@@ -677,7 +682,7 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
             "Total power",
             "Power drawn by the selected GPUs.",
             "mwatt",
-            [Target(f"sum(max {by(q.node, *card)} (nvidia_gpu_power_usage_milliwatts{s(n, g)}))")],
+            [Target(f"sum({per_gpu('nvidia_gpu_power_usage_milliwatts')})")],
         ),
         4,
         5,
@@ -716,7 +721,7 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
             "Duty cycle per GPU",
             "Device utilisation (nvmlDeviceGetUtilizationRates().gpu) of each GPU.",
             "percent",
-            [Target(f"max {by(q.node, *card)} (nvidia_gpu_duty_cycle{s(n, g, q.DEVICE)})", gpu_legend)],
+            [Target(per_gpu("nvidia_gpu_duty_cycle", q.DEVICE), gpu_legend)],
             maximum=100,
         ),
         12,
@@ -727,7 +732,7 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
             "Memory used per GPU",
             "Device memory in use on each GPU.",
             "bytes",
-            [Target(f"max {by(q.node, *card)} (nvidia_gpu_memory_used_bytes{s(n, g, q.DEVICE)})", gpu_legend)],
+            [Target(per_gpu("nvidia_gpu_memory_used_bytes", q.DEVICE), gpu_legend)],
         ),
         12,
         8,
@@ -737,7 +742,7 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
             "Power per GPU",
             "Power draw of each GPU.",
             "mwatt",
-            [Target(f"max {by(q.node, *card)} (nvidia_gpu_power_usage_milliwatts{s(n, g)})", gpu_legend)],
+            [Target(per_gpu("nvidia_gpu_power_usage_milliwatts"), gpu_legend)],
         ),
         8,
         8,
@@ -747,7 +752,7 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
             "Temperature per GPU",
             "Temperature of each GPU.",
             "celsius",
-            [Target(f"max {by(q.node, *card)} (nvidia_gpu_temperature_celsius{s(n, g)})", gpu_legend)],
+            [Target(per_gpu("nvidia_gpu_temperature_celsius"), gpu_legend)],
         ),
         8,
         8,
@@ -757,7 +762,7 @@ def _node_board(opts: DashboardOptions, q: _Q) -> tuple[list[dict[str, Any]], li
             "Memory controller busy per GPU",
             "Share of time device memory was read or written (nvmlDeviceGetUtilizationRates().memory).",
             "percent",
-            [Target(f"max {by(q.node, *card)} (nvidia_gpu_memory_utilization{s(n, g)})", gpu_legend)],
+            [Target(per_gpu("nvidia_gpu_memory_utilization"), gpu_legend)],
             maximum=100,
         ),
         8,
