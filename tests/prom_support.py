@@ -2,11 +2,13 @@
 
 Shared by tests/test_rules_e2e.py, tests/test_alerts.py and tests/test_dashboards.py. Every
 process listens on a free loopback port, logs into the test's temporary directory and is waited
-for by polling its HTTP endpoint (never a fixed sleep).
+for by polling its HTTP endpoint (never a fixed sleep). Also what those tests read queries with,
+and the checks the alert and dashboard generators' CLIs share.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -200,3 +202,21 @@ def series_read(expr: str) -> set[str]:
     selectors, offsets and Grafana variables)."""
     expr = re.sub(r"\[[^\]]*\]|\boffset\s+\w+", "", re.sub(r'"[^"]*"', '""', expr))
     return {n for n in _metric_names(expr) if not re.search(rf"(?<![\w:$]){re.escape(n)}\s*\(", expr)}
+
+
+# ------------------------------------------------------------------ the generators' CLIs
+
+
+def assert_cli_error(
+    main: Callable[[list[str]], int], command: str, argv: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    """``main(argv)`` of a generator exits 2 with ``kube-gpu-exporter <command>: error: ...`` naming ``message``."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kube-gpu-exporter {command}: error:") and message in err, err
+
+
+def undocumented_flags(parser: argparse.ArgumentParser, doc: str) -> list[str]:
+    """The parser's long options, but --help and --output, that ``doc`` does not quote (no `` `--flag`` in it)."""
+    flags = {s for act in parser._actions for s in act.option_strings if s.startswith("--")}
+    return [flag for flag in sorted(flags - {"--help", "--output"}) if f"`{flag}" not in doc]

@@ -25,6 +25,7 @@ from tests.prom_support import (
     PROMETHEUS,
     ROOT,
     SCENARIOS,
+    assert_cli_error,
     exporter_families,
     http_get,
     poll,
@@ -35,6 +36,7 @@ from tests.prom_support import (
     series_read,
     start_exporter,
     stop,
+    undocumented_flags,
 )
 from tests.test_rules import PROMTOOL, _rules
 
@@ -354,9 +356,7 @@ def test_options_change_the_output_as_documented() -> None:
     ],
 )
 def test_bad_options_exit_2_naming_the_option(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
-    assert alertsgen.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("kube-gpu-exporter alerts: error:") and message in err
+    assert_cli_error(alertsgen.main, "alerts", argv, message, capsys)
 
 
 def test_cli_subcommand_writes_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -548,9 +548,7 @@ def test_docs_have_a_runbook_section_per_alert() -> None:
 
 def test_docs_list_every_option_and_the_regeneration_commands() -> None:
     doc = (ROOT / "docs" / "alerts.md").read_text(encoding="utf-8")
-    flags = {s for act in alertsgen.build_parser()._actions for s in act.option_strings if s.startswith("--")}
-    for flag in sorted(flags - {"--help", "--output"}):
-        assert f"`{flag}" in doc, flag
+    assert not undocumented_flags(alertsgen.build_parser(), doc)
     for path, argv in COMMITTED.items():
         assert path in doc
         for arg in argv:
