@@ -30,7 +30,7 @@ from exporter.generators import (
     metadata_args,
     object_metadata,
     parse_key_values,
-    run_cli,
+    rule_file_main,
 )
 from exporter.rulesgen import RuleOptionsError
 from exporter.xid import CATALOG as XID_CATALOG
@@ -460,15 +460,7 @@ def options_from_args(args: argparse.Namespace) -> AlertOptions:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; ``argv`` are the arguments after ``alerts``. Returns the exit status."""
     args = build_parser().parse_args(argv)
-
-    def render() -> str:
-        opts = options_from_args(args)
-        if args.format == "plain":
-            return render_alerts(opts)
-        labels = parse_key_values(args.label, "--label", AlertOptionsError)
-        return render_prometheusrule(opts, args.name, args.namespace, labels)
-
-    return run_cli("alerts", AlertOptionsError, render, args.output)
+    return rule_file_main("alerts", AlertOptionsError, args, options_from_args, render_alerts, render_prometheusrule)
 
 
 if __name__ == "__main__":

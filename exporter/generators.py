@@ -223,11 +223,23 @@ def write_output(text: str, output: str | None) -> None:
         Path(output).write_text(text, encoding="utf-8")
 
 
-def run_cli(command: str, error: Error, render: Callable[[], str], output: str | None) -> int:
-    """Render, write to ``output`` and return 0; on ``error`` report it and return 2."""
+def rule_file_main(
+    command: str,
+    error: Error,
+    args: argparse.Namespace,
+    options: Callable[[argparse.Namespace], Any],
+    plain: Callable[[Any], str],
+    prometheusrule: Callable[[Any, str, str | None, dict[str, str]], str],
+) -> int:
+    """``main()`` of a rule-file generator: render ``--format`` (see :func:`add_prometheusrule_arguments`)
+    to ``--output`` and return 0; on ``error`` report it and return 2."""
     try:
-        text = render()
+        opts = options(args)
+        if args.format == "plain":
+            text = plain(opts)
+        else:
+            text = prometheusrule(opts, args.name, args.namespace, parse_key_values(args.label, "--label", error))
     except error as exc:
         return fail(command, exc)
-    write_output(text, output)
+    write_output(text, args.output)
     return 0

@@ -29,8 +29,7 @@ from exporter.generators import (
     label_arguments,
     metadata_args,
     object_metadata,
-    parse_key_values,
-    run_cli,
+    rule_file_main,
 )
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
@@ -233,15 +232,7 @@ def options_from_args(args: argparse.Namespace) -> RuleOptions:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; ``argv`` are the arguments after ``rules``. Returns the exit status."""
     args = build_parser().parse_args(argv)
-
-    def render() -> str:
-        opts = options_from_args(args)
-        if args.format == "plain":
-            return render_rules(opts)
-        labels = parse_key_values(args.label, "--label", RuleOptionsError)
-        return render_prometheusrule(opts, args.name, args.namespace, labels)
-
-    return run_cli("rules", RuleOptionsError, render, args.output)
+    return rule_file_main("rules", RuleOptionsError, args, options_from_args, render_rules, render_prometheusrule)
 
 
 if __name__ == "__main__":
