@@ -84,19 +84,26 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
+def _launch(argv: list[str], log: Path, url: str, what: str, cwd: Path | None = None) -> subprocess.Popen:
+    """Start ``argv`` logging into ``log`` and wait until ``url`` answers; stopped again if it does not."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(url, proc, what)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc
+
+
 def start_exporter(scenario: Path, node: str, log_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     """``python -m exporter --simulate scenario`` on a free port; returns (process, host:port)."""
     port = free_port()
-    proc = subprocess.Popen(
+    proc = _launch(
         [sys.executable, "-m", "exporter", "--simulate", str(scenario),
          "--listen", f"127.0.0.1:{port}", "--node-name", node, *extra],
-        cwd=ROOT,
-        stdout=(log_dir / f"{node}.log").open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
+        log_dir / f"{node}.log", f"http://127.0.0.1:{port}/metrics", f"exporter for {scenario.name}", cwd=ROOT,
     )  # fmt: skip
     try:
-        wait_for(f"http://127.0.0.1:{port}/metrics", proc, f"exporter for {scenario.name}")
         body = http_get(f"http://127.0.0.1:{port}/metrics").decode()
         assert f'nvidia_gpu_num_devices{{node_name="{node}"}}' in body
     except BaseException:
@@ -131,19 +138,12 @@ def run_prometheus(
         config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    proc = subprocess.Popen(
+    base = f"http://127.0.0.1:{port}"
+    proc = _launch(
         [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=(tmp / "prometheus.log").open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
+        tmp / "prometheus.log", f"{base}/-/ready", "prometheus",
     )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(f"{base}/-/ready", proc, "prometheus")
-    except BaseException:
-        stop(proc)
-        raise
     return proc, base
 
 
@@ -151,19 +151,12 @@ def run_alertmanager(tmp: Path, config_text: str) -> tuple[subprocess.Popen, str
     """An Alertmanager (gossip cluster disabled) with ``config_text``; returns (process, base URL)."""
     (tmp / "alertmanager.yml").write_text(config_text)
     port = free_port()
-    proc = subprocess.Popen(
+    base = f"http://127.0.0.1:{port}"
+    proc = _launch(
         [ALERTMANAGER, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'am-data'}",
          f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-        stdout=(tmp / "alertmanager.log").open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
+        tmp / "alertmanager.log", f"{base}/-/ready", "alertmanager",
     )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(f"{base}/-/ready", proc, "alertmanager")
-    except BaseException:
-        stop(proc)
-        raise
     return proc, base
 
 
