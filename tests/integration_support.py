@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from exporter.podresources import encode_list_response
 from exporter.simulate import parse_scenario
 from tests.fake_nvml import build_fake_nvml, subprocess_env, wants_old_driver, write_config
 from tests.k8s_double import ApiServerDouble, make_container, make_node, make_pod
+from tests.k8s_double.server import poll_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -63,15 +63,7 @@ Key = tuple[str, frozenset[tuple[str, str]]]
 
 def poll(fn: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     """Call ``fn`` until it returns something truthy and return that; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = fn()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-        time.sleep(interval)
+    return poll_until(fn, timeout, interval, what)
 
 
 def parse_exposition(text: str) -> dict[Key, float]:

@@ -978,7 +978,8 @@ class ApiServerDouble:
         )
 
 
-def poll_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
+def poll_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02,
+               what: str = "condition") -> Any:
     """Call ``predicate`` until it returns something truthy; return that, or fail at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
@@ -986,5 +987,5 @@ def poll_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: flo
         if result:
             return result
         if time.monotonic() >= deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {result!r}")
         time.sleep(interval)
