@@ -387,22 +387,18 @@ class NvmlBackend:
     def _in_mig_mode(self, dev: _Device) -> bool:
         if self._no_mig or not dev.mig_capable:
             return False
-        call = "nvmlDeviceGetMigMode"
+        errors_before = self._error_events
         try:
-            current, _pending = pynvml.nvmlDeviceGetMigMode(dev.handle)
-        except _MISSING:
+            mode = self._call("nvmlDeviceGetMigMode", dev.handle, fallback=True)
+        except _FunctionMissing:
             self._no_mig = True  # a driver before MIG: every GPU is whole
             return False
-        except pynvml.NVMLError_NotSupported:
-            dev.mig_capable = False  # not a MIG-capable GPU: no need to ask again
-            return False
-        except pynvml.NVMLError_GpuIsLost:
-            self._count(call, "NVMLError_GpuIsLost")
-            raise _DeviceLost from None
-        except Exception as e:
-            self._count(call, error_name(e))
-            return dev.mig_mode  # unknown this cycle: keep what was last read
-        dev.mig_mode = current == pynvml.NVML_DEVICE_MIG_ENABLE
+        if mode is None:
+            if self._error_events == errors_before:
+                dev.mig_capable = False  # NotSupported: not a MIG-capable GPU, no need to ask again
+                return False
+            return dev.mig_mode  # unknown this cycle (counted): keep what was last read
+        dev.mig_mode = mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE  # (current, pending)
         return dev.mig_mode
 
     def _read_mig_card(self, dev: _Device) -> tuple[DeviceSample, ...]:
