@@ -71,6 +71,13 @@ class DeviceSample:
     compute_instance_id: int | None = None
     mig_profile: str = ""
 
+    def without_values(self, *, lost: bool) -> DeviceSample:
+        """The same device (identity, MIG identity included) with nothing read this cycle."""
+        return DeviceSample(index=self.index, uuid=self.uuid, name=self.name, minor_number=self.minor_number,
+                            pci_bus_id=self.pci_bus_id, lost=lost, processes_ok=False, util_samples_ok=False,
+                            parent_uuid=self.parent_uuid, gpu_instance_id=self.gpu_instance_id,
+                            compute_instance_id=self.compute_instance_id, mig_profile=self.mig_profile)
+
 
 @dataclass(frozen=True, slots=True)
 class NodeSample:

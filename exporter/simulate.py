@@ -321,13 +321,7 @@ class SimulatedBackend:
         devices = []
         for sd in self._scenario.devices:
             if sd.lost_after_ticks is not None and self._tick > sd.lost_after_ticks:
-                s = sd.sample
-                # identity stays, a MIG device's included (parent, profile, instance ids)
-                devices.append(DeviceSample(index=s.index, uuid=s.uuid, name=s.name,
-                                            minor_number=s.minor_number, pci_bus_id=s.pci_bus_id,
-                                            lost=True, processes_ok=False, util_samples_ok=False,
-                                            parent_uuid=s.parent_uuid, gpu_instance_id=s.gpu_instance_id,
-                                            compute_instance_id=s.compute_instance_id, mig_profile=s.mig_profile))
+                devices.append(sd.sample.without_values(lost=True))
                 continue
             if "process_utilization" in sd.not_supported:
                 devices.append(replace(sd.sample, util_samples_ok=False))

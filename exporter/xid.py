@@ -86,7 +86,7 @@ def gpu_for_xid(devices: Sequence[DeviceSample], pci: str, gpu_instance: int | N
     for d in migs:
         if gpu_instance is not None and d.gpu_instance_id == gpu_instance:
             return d.uuid, d.minor_number
-    return migs[0].parent_uuid or "", migs[0].minor_number
+    return str(migs[0].parent_uuid), migs[0].minor_number
 
 
 @dataclass(frozen=True, slots=True)
