@@ -48,8 +48,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # process built from the exporter's own flags; the self-metric covers only the NVML reads.
 OURS_CYCLE = textwrap.dedent("""
     import json, sys, time
-    from exporter.cli import build_daemon
-    from exporter.config import load_config
+    from exporter.shell.cli import build_daemon
+    from exporter.shell.config import load_config
     daemon = build_daemon(load_config(sys.argv[2:]))
     deadline = time.monotonic() + 60
     while not daemon.pipeline.pods().synced and time.monotonic() < deadline:

@@ -1,5 +1,5 @@
 """``python -m exporter`` runs the exporter CLI."""
 
-from exporter.cli import main
+from exporter.shell.cli import main
 
 raise SystemExit(main())

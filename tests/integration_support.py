@@ -36,8 +36,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.model import PodResources
-from exporter.podresources import encode_list_response
-from exporter.simulate import parse_scenario
+from exporter.node.podresources import encode_list_response
+from exporter.node.simulate import parse_scenario
 from tests.fake_nvml import build_fake_nvml, subprocess_env, wants_old_driver, write_config
 from tests.k8s_double import ApiServerDouble, make_container, make_node, make_pod
 from tests.k8s_double.server import poll_until

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter import alertsgen
-from exporter.alertsgen import AlertOptions, AlertOptionsError, render_alerts, render_prometheusrule
-from exporter.rulesgen import RuleOptions, render_rules
+from exporter.bundle import alerts as alertsgen
+from exporter.bundle.alerts import AlertOptions, AlertOptionsError, render_alerts, render_prometheusrule
+from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import (
     AMTOOL,
     PROMETHEUS,
@@ -360,7 +360,7 @@ def test_bad_options_exit_2_naming_the_option(argv: list[str], message: str, cap
 
 
 def test_cli_subcommand_writes_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    from exporter import cli
+    from exporter.shell import cli
 
     assert cli.main(["alerts", "--cluster-label", "cluster"]) == 0
     out = capsys.readouterr().out
@@ -519,7 +519,7 @@ def _github_anchor(heading: str) -> str:
 
 
 def test_xid_defaults_follow_the_catalog() -> None:
-    from exporter.xid import CATALOG
+    from exporter.xid.parse import CATALOG
 
     assert 79 in alertsgen.CRITICAL_XIDS and 48 in alertsgen.CRITICAL_XIDS
     assert {13, 31, 94} <= set(alertsgen.APPLICATION_XIDS)

@@ -1,4 +1,4 @@
-"""The attribution rules (exporter/attribution.py) with every sharing scheme."""
+"""The attribution rules (exporter/attribution/attribute.py) with every sharing scheme."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.attribution import (
+from exporter.attribution.allocations import GIB, MIB, compute_allocations, parse_quantity
+from exporter.attribution.attribute import (
     EXCLUSIVE,
     NONE,
     SHARE,
@@ -28,7 +29,6 @@ from exporter.model import (
     ProcessUsage,
     UtilSample,
 )
-from exporter.sharing import GIB, MIB, compute_allocations, parse_quantity
 
 TOTAL = 16 * GIB
 

@@ -1,4 +1,4 @@
-"""Tests for exporter.cgroup: every kubelet layout in the reference, and garbage never raises."""
+"""Tests for exporter.attribution.cgroup: every kubelet layout in the reference, and garbage never raises."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.cgroup import CgroupParse, parse_cgroup, parse_cgroup_path
+from exporter.attribution.cgroup import CgroupParse, parse_cgroup, parse_cgroup_path
 from exporter.model import CgroupRef
 
 UID = "3f0c1c9e-5b7a-4c1e-9a57-2f1e0e9b1f00"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, load_config, options_markdown, parse_listen
+from exporter.shell.config import ConfigError, load_config, options_markdown, parse_listen
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import build_daemon
-from exporter.config import load_config
+from exporter.shell.cli import build_daemon
+from exporter.shell.config import load_config
 from tests.k8s_double import ApiServerDouble
 from tests.k8s_double.server import poll_until
 

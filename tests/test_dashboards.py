@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter import dashboardsgen
-from exporter.dashboardsgen import DASHBOARDS, DATASOURCE, UNITS, DashboardOptions, DashboardOptionsError
-from exporter.rulesgen import RuleOptions, render_rules
+from exporter.bundle import dashboards as dashboardsgen
+from exporter.bundle.dashboards import DASHBOARDS, DATASOURCE, UNITS, DashboardOptions, DashboardOptionsError
+from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import (
     PROMETHEUS,
     ROOT,
@@ -269,7 +269,7 @@ def test_bad_options_exit_2_naming_the_option(argv: list[str], message: str, cap
 
 
 def test_options_change_the_output(capsys: pytest.CaptureFixture[str]) -> None:
-    from exporter import cli
+    from exporter.shell import cli
 
     argv = ["dashboards", "--only", "node", "-o", "-", "--uid-prefix", "gpu", "--title-prefix", "ML / ",
             "--tag", "ml", "--tag", "gpu", "--refresh", "1m", "--time-from", "now-1d"]  # fmt: skip

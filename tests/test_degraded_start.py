@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import main
+from exporter.shell.cli import main
 
 
 @pytest.mark.parametrize("content", [
@@ -40,9 +40,9 @@ def test_no_cluster_and_no_kubeconfig(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_while_nvml_is_down_capacity_is_absent_not_zero() -> None:
-    from exporter.attribution import NodeAttribution
+    from exporter.attribution.attribute import NodeAttribution
+    from exporter.exposition.rows import ExporterStats, LabelNames, build_families
     from exporter.model import EMPTY, NodeSample
-    from exporter.rows import ExporterStats, LabelNames, build_families
 
     def names_of(sample: NodeSample) -> dict[str, int]:
         attr = NodeAttribution(devices=(), allocations=(), pods=(), skips=EMPTY)

@@ -231,7 +231,7 @@ def test_entrypoint_is_the_console_script_on_path():
     assert not stage.all("CMD"), "arguments come from the pod spec (the chart's args)"
     scripts = PYPROJECT["project"]["scripts"]
     assert entry.args == '["kube-gpu-exporter"]', "exec form, so the exporter is PID 1 and gets SIGTERM"
-    assert scripts["kube-gpu-exporter"] == "exporter.cli:main"
+    assert scripts["kube-gpu-exporter"] == "exporter.shell.cli:main"
     # the console script lives in the virtualenv's bin, which the build stage created and the
     # runtime stage copies to the same path and puts first on PATH
     venv = re.fullmatch(r"python -m venv (\S+)", build_stage().all("RUN")[0].args)
@@ -249,7 +249,7 @@ def test_nvidia_runtime_settings_match_the_chart():
 
 
 def test_exposes_the_default_listen_port():
-    from exporter.config import load_config
+    from exporter.shell.config import load_config
 
     port = load_config([], environ={}).host_port[1]
     assert [i.args for i in final_stage().all("EXPOSE")] == [str(port)]
@@ -383,7 +383,7 @@ def test_dockerignore_sends_only_what_the_build_copies():
 @pytest.mark.parametrize("path", [
     ".venv/bin/python", ".venv/lib/python3.11/site-packages/yaml/__init__.py", ".git/HEAD", "tests/test_helm.py",
     "tests/fake_nvml/libnvidia-ml.so", "helm/kube-gpu-exporter/Chart.yaml", "docs/deploy.md", "examples/x.yaml",
-    "Dockerfile", ".dockerignore", ".pytest_cache/v/cache/nodeids", ".ruff_cache/x", "build/lib/exporter/cli.py",
+    "Dockerfile", ".dockerignore", ".pytest_cache/v/cache/nodeids", ".ruff_cache/x", "build/lib/exporter/shell/cli.py",
     "dist/kube_gpu_exporter-0.1.0.tar.gz", "kube_gpu_exporter.egg-info/PKG-INFO",
     "exporter/__pycache__/cli.cpython-311.pyc", "exporter/cli.pyc", "exporter/_native.so", ".hypothesis/examples/x",
     "scripts/test.sh", ".ci/run",
@@ -393,7 +393,8 @@ def test_dockerignore_excludes(path):
 
 
 def test_dockerignore_keeps_the_package_and_its_data():
-    for path in ("pyproject.toml", "README.md", "exporter/cli.py", "exporter/templates/rules/rules.yaml.j2"):
+    for path in ("pyproject.toml", "README.md", "exporter/shell/cli.py",
+                 "exporter/bundle/templates/rules/rules.yaml.j2"):
         assert not excluded(path), path
     data = [p for p in tracked_files() if p.startswith("exporter/") and not p.endswith(".py")]
     assert data and not [p for p in data if excluded(p)]

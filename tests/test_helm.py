@@ -20,8 +20,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.config import OPTIONS, load_config
-from exporter.rulesgen import RuleOptions, render_rules
+from exporter.bundle.rules import RuleOptions, render_rules
+from exporter.shell.config import OPTIONS, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "kube-gpu-exporter"

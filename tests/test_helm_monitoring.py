@@ -19,9 +19,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.alertsgen import DEFAULT_RUNBOOK_URL, AlertOptions, render_alerts
-from exporter.dashboardsgen import DashboardOptions, render_dashboards
-from exporter.rulesgen import RuleOptions, render_rules
+from exporter.bundle.alerts import DEFAULT_RUNBOOK_URL, AlertOptions, render_alerts
+from exporter.bundle.dashboards import DashboardOptions, render_dashboards
+from exporter.bundle.rules import RuleOptions, render_rules
 from tests.test_helm import (
     ALERT_RULES,
     ALL_ON,

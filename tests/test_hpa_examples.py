@@ -36,7 +36,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.rulesgen import RuleOptions, render_rules
+from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import (
     PROMETHEUS,
     ROOT,

@@ -8,7 +8,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.kmsg import KmsgReader, parse_record, split_records, unescape
+from exporter.xid.kmsg import KmsgReader, parse_record, split_records, unescape
 
 DATA = Path(__file__).parent / "data" / "kmsg"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.cli import build_daemon
-from exporter.config import load_config
-from exporter.pods import pod_from_api
-from exporter.sharing import compute_allocations
-from exporter.simulate import ScenarioError, load_scenario, parse_scenario
-from exporter.xid import gpu_for_xid
+from exporter.attribution.allocations import compute_allocations
+from exporter.node.pods import pod_from_api
+from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
+from exporter.shell.cli import build_daemon
+from exporter.shell.config import load_config
+from exporter.xid.parse import gpu_for_xid
 from tests.k8s_double.server import poll_until
 from tests.test_daemon_xid import xid_rows
 from tests.test_simulate import render, values

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from exporter.model import DeviceSample, ProcessUsage, UtilSample
-from exporter.nvml_backend import NvmlBackend
-from exporter.simulate import SimulatedBackend, parse_scenario
+from exporter.node.nvml import NvmlBackend
+from exporter.node.simulate import SimulatedBackend, parse_scenario
 from tests.fake_nvml import TICK_US, FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
 
 GIB = 1 << 30

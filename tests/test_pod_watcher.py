@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes.config.config_exception import ConfigException
 
-from exporter.pod_watcher import PodWatcher, PodWatcherStats, build_api_client, exponential_backoff
+from exporter.node.pod_watcher import PodWatcher, PodWatcherStats, build_api_client, exponential_backoff
 from tests.k8s_double import ApiServerDouble, api_client_for, make_pod, poll_until
 
 NODE = "gpu-node-1"

@@ -1,4 +1,4 @@
-"""Tests for exporter.podresources: wire codec, interop with the official protobuf runtime,
+"""Tests for exporter.node.podresources: wire codec, interop with the official protobuf runtime,
 and a real grpcio server on a unix socket."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.model import PodResources, PodResourcesContainer
-from exporter.podresources import (
+from exporter.node.podresources import (
     PodResourcesDecodeError,
     PodResourcesUnavailable,
     decode_list_response,

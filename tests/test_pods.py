@@ -1,4 +1,4 @@
-"""exporter.pods: raw Pod objects -> PodInfo, workload resolution, the pod store and its views."""
+"""exporter.node.pods: raw Pod objects -> PodInfo, workload resolution, the pod store and its views."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.pods import (
+from exporter.node.pods import (
     EMPTY_VIEW,
     MalformedPod,
     PodStore,

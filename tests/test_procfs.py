@@ -1,4 +1,4 @@
-"""Tests for exporter.procfs against fake /proc trees."""
+"""Tests for exporter.node.procfs against fake /proc trees."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.model import CgroupRef
-from exporter.procfs import SKIP_REASONS, ProcReader, parse_stat_starttime
+from exporter.node.procfs import SKIP_REASONS, ProcReader, parse_stat_starttime
 
 UID_A = "3f0c1c9e-5b7a-4c1e-9a57-2f1e0e9b1f00"
 UID_B = "99999999-8888-7777-6666-555555555555"

@@ -13,8 +13,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter import rulesgen
-from exporter.rulesgen import LEVELS, RuleOptions, RuleOptionsError, render_prometheusrule, render_rules
+from exporter.bundle import rules as rulesgen
+from exporter.bundle.rules import LEVELS, RuleOptions, RuleOptionsError, render_prometheusrule, render_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "rules"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.rulesgen import RuleOptions, render_rules
+from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import (
     PROMETHEUS,
     ROOT,

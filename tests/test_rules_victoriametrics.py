@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from exporter.rulesgen import RuleOptions, render_rules
+from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import free_port, stop, wait_for
 from tests.test_rules_e2e import Target, expected_cluster_rendering, exporters, public_records, wait_recorded
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.config import OPTIONS, Config, ConfigError, load_config, parse_listen
-from exporter.simulate import Scenario, ScenarioError, parse_scenario
+from exporter.node.simulate import Scenario, ScenarioError, parse_scenario
+from exporter.shell.config import OPTIONS, Config, ConfigError, load_config, parse_listen
 from tests.test_simulate import render
 
 ROOT = Path(__file__).resolve().parent.parent

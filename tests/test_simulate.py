@@ -19,12 +19,12 @@ import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import build_daemon, main
-from exporter.config import load_config
-from exporter.sampler import SnapshotHolder
-from exporter.server import make_app
-from exporter.simulate import ScenarioError, load_scenario, parse_scenario
-from exporter.snapshot import empty_snapshot
+from exporter.exposition.snapshot import empty_snapshot
+from exporter.node.sampler import SnapshotHolder
+from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
+from exporter.shell.cli import build_daemon, main
+from exporter.shell.config import load_config
+from exporter.shell.server import make_app
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -227,7 +227,7 @@ def test_scrape_path_touches_no_source():
 def test_gzip_payload_is_one_valid_stream():
     daemon = build_daemon(load_config(["--simulate", str(EXAMPLES[0])]))
     snapshot, _ = daemon.pipeline.step()
-    from exporter.snapshot import scrape_payload
+    from exporter.exposition.snapshot import scrape_payload
     plain = scrape_payload(snapshot, snapshot.built_at + 2.5, gzipped=False)
     zipped = scrape_payload(snapshot, snapshot.built_at + 2.5, gzipped=True)
     assert gzip.decompress(zipped) == plain

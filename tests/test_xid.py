@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.kmsg import parse_record, split_records
-from exporter.xid import (
+from exporter.xid.kmsg import parse_record, split_records
+from exporter.xid.parse import (
     CATALOG,
     GpuAnnouncement,
     ScanState,

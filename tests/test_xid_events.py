@@ -12,9 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.client import ApiClient, EventsV1Api
 
-from exporter.events_writer import EventsWriter
-from exporter.xid import XidReport
-from exporter.xid_events import (
+from exporter.xid.events import (
     CreateEvent,
     EventPlanner,
     PatchSeries,
@@ -27,6 +25,8 @@ from exporter.xid_events import (
     event_name,
     series_key,
 )
+from exporter.xid.events_writer import EventsWriter
+from exporter.xid.parse import XidReport
 from tests.k8s_double import ApiServerDouble, api_client_for, poll_until
 from tests.k8s_double.events_validation import EVENTS_V1, validate_create
 

@@ -14,11 +14,11 @@ from kubernetes.client import EventsV1Api
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
-from exporter.events_writer import EventsWriter
-from exporter.kmsg import KmsgReader, parse_record
-from exporter.xid import XidReport
-from exporter.xid_events import PlannerConfig
-from exporter.xid_watcher import (
+from exporter.xid.events import PlannerConfig
+from exporter.xid.events_writer import EventsWriter
+from exporter.xid.kmsg import KmsgReader, parse_record
+from exporter.xid.parse import XidReport
+from exporter.xid.watcher import (
     XidStats,
     XidWatcher,
     is_fallen_echo,

@@ -2,7 +2,7 @@
 
 The library reads a line-based config named by ``$FAKE_NVML_CONFIG`` at ``nvmlInitWithFlags``;
 :func:`write_config` writes it from a scenario mapping (the YAML that also drives
-``exporter/simulate.py``). docs/testing.md, section "Fake NVML", documents the keys.
+``exporter/node/simulate.py``). docs/testing.md, section "Fake NVML", documents the keys.
 
 Two ways to put the fake under pynvml:
 
@@ -28,10 +28,10 @@ from typing import Any
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 LIBRARY_NAME = "libnvidia-ml.so.1"
 CONFIG_ENV = "FAKE_NVML_CONFIG"
-TICK_US = 1_000_000  # util sample timeStamp of tick t is t * TICK_US, as in exporter/simulate.py
+TICK_US = 1_000_000  # util sample timeStamp of tick t is t * TICK_US, as in exporter/node/simulate.py
 UTIL_BUFFER_TICKS = 8  # ticks of util samples the fake keeps, like the driver's bounded buffer
 
-# not_supported names, shared with exporter/simulate.py
+# not_supported names, shared with exporter/node/simulate.py
 NOT_SUPPORTED_NAMES = frozenset({
     "power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
     "clocks_event_reasons", "process_utilization", "memory",
@@ -48,7 +48,7 @@ _DEVICE_KEYS = frozenset(_DEVICE_INTS) | {
     "uuid", "name", "minor_number", "pci_bus_id", "memory_used_bytes", "processes", "not_supported",
     "lost_after_ticks", "process_growth", "xid_events", "mig_devices",
 }
-# the keys of a MIG device, as exporter/simulate.py reads them
+# the keys of a MIG device, as exporter/node/simulate.py reads them
 _MIG_KEYS = frozenset({"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
                        "memory_used_bytes", "processes"})
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
@@ -158,7 +158,7 @@ def _device_lines(raw: object, index: int) -> list[str]:
         "device",
         f"uuid {_text(d['uuid'], f'{where}.uuid')}",
         f"name {_text(d['name'], f'{where}.name')}",
-        # the same defaults as exporter/simulate.py
+        # the same defaults as exporter/node/simulate.py
         f"minor_number {_int(d.get('minor_number', index), f'{where}.minor_number')}",
         f"pci_bus_id {_text(d.get('pci_bus_id', f'00000000:{index + 1:02X}:00.0'), f'{where}.pci_bus_id')}",
     ]

@@ -157,7 +157,7 @@ typedef struct {
 #define MAX_XIDS 32
 #define MAX_EVENT_SETS 8
 #define UTIL_BUFFER_TICKS 8 /* the driver keeps a bounded sample history */
-#define TICK_US 1000000ULL /* sample timeStamp of tick t is t * TICK_US (as exporter/simulate.py) */
+#define TICK_US 1000000ULL /* sample timeStamp of tick t is t * TICK_US (as exporter/node/simulate.py) */
 #define DEFAULT_CUDA_DRIVER_VERSION 12040 /* CUDA 12.4, what driver 550 reports */
 #define CODEC_PERIOD_US 167000u
 

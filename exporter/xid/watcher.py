@@ -10,7 +10,7 @@ treats a file's whole content as new (tests, replaying a captured log).
 Timestamps in the metrics and events are when the exporter read the record (kmsg only carries
 time since boot); the kmsg sequence number and boot-relative time are kept in the event note.
 
-Optional second source (``nvml_source``, ``exporter.nvml_xid``): Xids from NVML events, handed over
+Optional second source (``nvml_source``, ``exporter.xid.nvml_events``): Xids from NVML events, handed over
 through a bounded queue and deduplicated against the kernel log by :class:`XidDedup` on this thread.
 The kernel log is the richer source (pid, process -> pod), so it wins: an NVML Xid is held for
 ``nvml_window_seconds`` and counted (without pod) only if no kernel-log record of the same GPU and
@@ -33,10 +33,8 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.kmsg import KmsgReader, KmsgRecord, parse_record
 from exporter.model import EMPTY
-from exporter.xid import FALLEN_OFF_BUS_XID, GpuAnnouncement, ScanState, XidReport, normalize_pci, scan_line
-from exporter.xid_events import (
+from exporter.xid.events import (
     EventPlanner,
     EventsSink,
     EventWrite,
@@ -45,9 +43,11 @@ from exporter.xid_events import (
     WriterCounts,
     XidOccurrence,
 )
+from exporter.xid.kmsg import KmsgReader, KmsgRecord, parse_record
+from exporter.xid.parse import FALLEN_OFF_BUS_XID, GpuAnnouncement, ScanState, XidReport, normalize_pci, scan_line
 
 if TYPE_CHECKING:
-    from exporter.nvml_xid import NvmlXid, NvmlXidSource
+    from exporter.xid.nvml_events import NvmlXid, NvmlXidSource
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """What the rules, alerts and dashboards generators share.
 
-``exporter.rulesgen``, ``exporter.alertsgen`` and ``exporter.dashboardsgen`` each keep their own
+``exporter.bundle.rules``, ``exporter.bundle.alerts`` and ``exporter.bundle.dashboards`` each keep their own
 options class (a :class:`LabelOptions`) and error class; the helpers here raise the error class
 they are given, so each CLI reports ``kube-gpu-exporter <command>: error: ...`` and exits 2.
 """

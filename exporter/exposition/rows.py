@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter import __version__
-from exporter.attribution import NONE, SHARE, ContainerUsage, DeviceAttribution, NodeAttribution
+from exporter.attribution.attribute import NONE, SHARE, ContainerUsage, DeviceAttribution, NodeAttribution
 from exporter.model import EMPTY, DeviceSample, NodeSample, PodInfo
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes.client import ApiClient, EventsV1Api
 from kubernetes.client.exceptions import ApiException
 
-from exporter.xid_events import (
+from exporter.xid.events import (
     EVENT_NAMESPACE,
     CreateEvent,
     EventsSink,

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.generators import (
+from exporter.bundle.common import (
     K8S_NAME_RE,
     LABEL_FLAGS,
     LABEL_RE,
@@ -32,12 +32,12 @@ from exporter.generators import (
     parse_key_values,
     rule_file_main,
 )
-from exporter.rulesgen import RuleOptionsError
-from exporter.xid import CATALOG as XID_CATALOG
+from exporter.bundle.rules import RuleOptionsError
+from exporter.xid.parse import CATALOG as XID_CATALOG
 
 DEFAULT_RUNBOOK_URL = "https://github.com/kube-gpu-exporter/kube-gpu-exporter/blob/main/docs/alerts.md"
 
-# From the Xid catalog (exporter/xid.py, docs/xid.md). Critical: severity "gpu" or "node", whose
+# From the Xid catalog (exporter/xid/parse.py, docs/xid.md). Critical: severity "gpu" or "node", whose
 # action is a GPU reset, an ECC or NVLink workflow or a node reboot. Application: "restart the
 # application", the pod is at fault, not the GPU. "info" codes (43, 45, 63, 92, 154) need no action.
 CRITICAL_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.severity in ("gpu", "node"))

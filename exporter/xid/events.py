@@ -1,7 +1,7 @@
 """Kubernetes Events for Xids: dedup into series, a global write rate limit, event bodies.
 
 No I/O here. :class:`EventPlanner` turns occurrences (and the passing of time) into writes
-(:class:`CreateEvent`, :class:`PatchSeries`); an :class:`EventsSink` (``exporter.events_writer``)
+(:class:`CreateEvent`, :class:`PatchSeries`); an :class:`EventsSink` (``exporter.xid.events_writer``)
 performs them. The rules:
 
 - Occurrences with the same (node, GPU, Xid, pod) within ``window_seconds`` of the previous one
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from kubernetes.client import EventsV1Event, EventsV1EventSeries, V1ObjectMeta, V1ObjectReference
 
-from exporter.xid import XidReport, lookup
+from exporter.xid.parse import XidReport, lookup
 
 REPORTING_CONTROLLER = "kube-gpu-exporter.io/xid-watcher"
 ACTION = "GPUError"

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from exporter.cgroup import parse_cgroup
+from exporter.attribution.cgroup import parse_cgroup
 from exporter.model import CgroupRef
 
 # Reasons reported by ProcReader.skips(); always present so a metric per reason starts at 0.

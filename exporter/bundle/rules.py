@@ -1,6 +1,6 @@
 """Render the recording-rule bundle (plain rule file or PrometheusRule) from jinja2 templates.
 
-The templates ship inside the package (``exporter/templates/rules``, also reachable as
+The templates ship inside the package (``exporter/bundle/templates/rules``, also reachable as
 ``rules/templates`` in the repository) so that ``kube-gpu-exporter rules`` works from a
 non-editable install. Run ``kube-gpu-exporter rules --help`` for the options.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 import jinja2
 import yaml
 
-from exporter.generators import FIXED_LABELS as FIXED_LABELS  # public here too (tests, callers)
-from exporter.generators import (
+from exporter.bundle.common import FIXED_LABELS as FIXED_LABELS  # public here too (tests, callers)
+from exporter.bundle.common import (
     K8S_NAME_RE,
     LABEL_FLAGS,
     LabelOptions,

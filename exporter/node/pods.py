@@ -1,6 +1,6 @@
 """Pods on this node: raw API objects -> :class:`PodInfo`, and the pod cache. Pure; no I/O.
 
-The watcher (``exporter.pod_watcher``) and the simulated node both feed raw Pod dicts, exactly as
+The watcher (``exporter.node.pod_watcher``) and the simulated node both feed raw Pod dicts, exactly as
 the API returns them (camelCase JSON), into :class:`PodStore`; attribution reads immutable
 :class:`PodView` snapshots. A pod the parser cannot make sense of is skipped and counted by reason,
 never raised out of the store.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.generators import (
+from exporter.bundle.common import (
     LABEL_FLAGS,
     LabelOptions,
     add_label_arguments,
@@ -33,7 +33,7 @@ from exporter.generators import (
     parse_key_values,
     write_output,
 )
-from exporter.rulesgen import RuleOptionsError
+from exporter.bundle.rules import RuleOptionsError
 
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}

@@ -17,11 +17,11 @@ from typing import Protocol
 
 from prometheus_client.core import Metric
 
-from exporter.attribution import NodeAttribution, PodLookup, attribute
+from exporter.attribution.allocations import compute_allocations
+from exporter.attribution.attribute import NodeAttribution, PodLookup, attribute
+from exporter.exposition.rows import ExporterStats, LabelNames, build_families
+from exporter.exposition.snapshot import Snapshot, make_snapshot
 from exporter.model import CgroupRef, NodeSample, PodResources
-from exporter.rows import ExporterStats, LabelNames, build_families
-from exporter.sharing import compute_allocations
-from exporter.snapshot import Snapshot, make_snapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """GPU sharing schemes: what each container was allocated, and on which GPU.
 
 Pure functions over pod objects, node labels, the device list and (when available) the
-kubelet pod-resources answer. The result feeds :mod:`exporter.attribution`, which decides
+kubelet pod-resources answer. The result feeds :mod:`exporter.attribution.attribute`, which decides
 ``allocate_mode``. Schemes recognised (see docs/metrics.md and the reference table):
 
 - NVIDIA device plugin, whole GPUs: ``nvidia.com/gpu`` / ``nvidia.com/mig-*``.

@@ -16,11 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from exporter.config import Config, ConfigError, load_config
-from exporter.rows import LabelNames
-from exporter.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
-from exporter.simulate import ScenarioError, ScenarioProc, SimulatedBackend, load_scenario
-from exporter.snapshot import empty_snapshot
+from exporter.exposition.rows import LabelNames
+from exporter.exposition.snapshot import empty_snapshot
+from exporter.node.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
+from exporter.node.simulate import ScenarioError, ScenarioProc, SimulatedBackend, load_scenario
+from exporter.shell.config import Config, ConfigError, load_config
 
 log = logging.getLogger("kube_gpu_exporter")
 
@@ -55,7 +55,7 @@ class Daemon:
 
 
 def _static_pods(objs: Sequence[Mapping]) -> Callable[[], PodState]:
-    from exporter.pods import PodStore
+    from exporter.node.pods import PodStore
 
     store = PodStore()
     store.replace(list(objs), "1")
@@ -66,7 +66,7 @@ def _static_pods(objs: Sequence[Mapping]) -> Callable[[], PodState]:
 
 
 def _empty_pods() -> Callable[[], PodState]:
-    from exporter.pods import PodStore
+    from exporter.node.pods import PodStore
 
     view = PodStore().view()
     return lambda: PodState(view=view, synced=False, last_sync=None)
@@ -91,11 +91,11 @@ def build_daemon(cfg: Config) -> Daemon:
         def pod_resources(pr=scenario.pod_resources):
             return pr
         if cfg.kube_api_url:
-            from exporter.pod_watcher import build_api_client
+            from exporter.node.pod_watcher import build_api_client
             api_client = build_api_client(cfg.kube_api_url, None)
     else:
-        from exporter.nvml_backend import NvmlBackend
-        from exporter.procfs import ProcReader
+        from exporter.node.nvml import NvmlBackend
+        from exporter.node.procfs import ProcReader
 
         node = cfg.node_name or os.environ.get("NODE_NAME") or os.uname().nodename
         backend = NvmlBackend()
@@ -120,7 +120,7 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
     import yaml
     from kubernetes.config.config_exception import ConfigException
 
-    from exporter.pod_watcher import PodWatcher, build_api_client
+    from exporter.node.pod_watcher import PodWatcher, build_api_client
 
     try:
         api_client = build_api_client(cfg.kube_api_url, cfg.kubeconfig)
@@ -178,7 +178,7 @@ def _pod_resources_source(socket: str):
     """kubelet pod-resources answers, when the socket exists; None otherwise."""
     if not socket:
         return lambda: None
-    from exporter.podresources import PodResourcesUnavailable, list_pod_resources
+    from exporter.node.podresources import PodResourcesUnavailable, list_pod_resources
 
     warned = []
 
@@ -204,8 +204,8 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
     nvml_events = cfg.xid_nvml_events and not cfg.simulate
     if not cfg.xid or (kmsg_path is None and not nvml_events):
         return list
-    from exporter.xid import gpu_for_xid
-    from exporter.xid_watcher import XidWatcher, xid_metric_families
+    from exporter.xid.parse import gpu_for_xid
+    from exporter.xid.watcher import XidWatcher, xid_metric_families
 
     def resolve_bus_id(bus: str, gpu_instance: int | None):
         return gpu_for_xid(holder.get().devices, bus, gpu_instance)
@@ -215,13 +215,13 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
 
     sink = None
     if cfg.events and api_client is not None:
-        from exporter.events_writer import EventsWriter
+        from exporter.xid.events_writer import EventsWriter
         sink = EventsWriter(api_client)
         sink.start()
         closers.append(sink.stop)
     nvml_source = None
     if nvml_events:
-        from exporter.nvml_xid import NvmlXidSource
+        from exporter.xid.nvml_events import NvmlXidSource
         nvml_source = NvmlXidSource()  # the watcher's default clock (time.time) stamps both sources
     watcher = XidWatcher(kmsg_path, node, resolve_bus_id, resolve_pid, sink,
                          replay_from_start=cfg.kmsg_replay, lookback_seconds=cfg.xid_lookback,
@@ -243,7 +243,7 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
 def _serve(daemon: Daemon) -> int:
     from aiohttp import web
 
-    from exporter.server import make_app
+    from exporter.shell.server import make_app
 
     host, port = daemon.config.host_port
     daemon.start()
@@ -262,8 +262,8 @@ def _serve(daemon: Daemon) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    generators = {"rules": "exporter.rulesgen", "alerts": "exporter.alertsgen",
-                  "dashboards": "exporter.dashboardsgen"}
+    generators = {"rules": "exporter.bundle.rules", "alerts": "exporter.bundle.alerts",
+                  "dashboards": "exporter.bundle.dashboards"}
     if args and args[0] in generators:
         import importlib
         return importlib.import_module(generators[args[0]]).main(args[1:])

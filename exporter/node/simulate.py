@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from exporter.cgroup import parse_cgroup
+from exporter.attribution.cgroup import parse_cgroup
 from exporter.model import (
     CgroupRef,
     DeviceSample,
@@ -309,7 +309,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 class SimulatedBackend:
-    """Stands in for :class:`exporter.nvml_backend.NvmlBackend`: one NodeSample per call."""
+    """Stands in for :class:`exporter.node.nvml.NvmlBackend`: one NodeSample per call."""
 
     def __init__(self, scenario: Scenario, clock=time.time) -> None:
         self._scenario = scenario
@@ -337,7 +337,7 @@ class SimulatedBackend:
 
 
 class ScenarioProc:
-    """Stands in for :class:`exporter.procfs.ProcReader` with the scenario's cgroup texts."""
+    """Stands in for :class:`exporter.node.procfs.ProcReader` with the scenario's cgroup texts."""
 
     def __init__(self, scenario: Scenario) -> None:
         parsed = {p.pid: parse_cgroup(p.cgroup) for d in scenario.devices for p in d.processes}

@@ -2,7 +2,7 @@
 
 This module is the one place that decides. Inputs are one :class:`NodeSample`, the
 pid -> cgroup placement from /proc, the node's pods and the allocations of
-:mod:`exporter.sharing`. The rules:
+:mod:`exporter.attribution.allocations`. The rules:
 
 1. A process belongs to the container whose ID its cgroup names; a pod-level cgroup or an
    unknown container ID gives the pod but no container; no pod cgroup = host process.
@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from exporter.attribution.allocations import Allocation
 from exporter.model import CgroupRef, ContainerInfo, DeviceSample, NodeSample, PodInfo, UtilSample
-from exporter.sharing import Allocation
 
 EXCLUSIVE = "exclusive"
 SHARE = "share"
@@ -38,7 +38,7 @@ NONE = "None"
 
 
 class PodLookup(Protocol):
-    """What attribution needs of the pod cache (``exporter.pods.PodView`` satisfies it)."""
+    """What attribution needs of the pod cache (``exporter.node.pods.PodView`` satisfies it)."""
 
     @property
     def pods(self) -> Mapping[str, PodInfo]: ...

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from exporter.sampler import SnapshotHolder
-from exporter.snapshot import CONTENT_TYPE, scrape_payload
+from exporter.exposition.snapshot import CONTENT_TYPE, scrape_payload
+from exporter.node.sampler import SnapshotHolder
 
 INDEX = b"""<html><head><title>kube-gpu-exporter</title></head><body>
 <h1>kube-gpu-exporter</h1><p><a href="/metrics">Metrics</a> &middot; <a href="/healthz">Health</a>

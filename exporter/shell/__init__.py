@@ -1,0 +1,1 @@
+"""The imperative shell: command line, configuration and the HTTP server."""
