@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.attribution.allocations import GIB, MIB, compute_allocations, parse_quantity
+from exporter.attribution.allocations import compute_allocations
 from exporter.attribution.attribute import (
     EXCLUSIVE,
     NONE,
@@ -18,6 +18,7 @@ from exporter.attribution.attribute import (
     attribute,
     combine_util_samples,
 )
+from exporter.attribution.schemes.base import GIB, MIB, parse_quantity
 from exporter.model import (
     CgroupRef,
     ContainerInfo,

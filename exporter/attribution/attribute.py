@@ -25,11 +25,11 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from exporter.attribution.allocations import Allocation
+from exporter.attribution.schemes.base import Allocation
 from exporter.model import CgroupRef, ContainerInfo, DeviceSample, NodeSample, PodInfo, UtilSample
 
 EXCLUSIVE = "exclusive"
@@ -111,7 +111,7 @@ def combine_util_samples(samples: Sequence[UtilSample]) -> dict[int, float]:
     return {pid: total / n for pid, (total, n) in sums.items()}
 
 
-def _locate(ref: CgroupRef | None, pods: PodLookup, skip) -> tuple[PodInfo | None, str | None]:
+def _locate(ref: CgroupRef | None, pods: PodLookup, skip: Callable[[str], None]) -> tuple[PodInfo | None, str | None]:
     if ref is None:
         return None, None
     if ref.container_id is not None:
@@ -126,6 +126,16 @@ def _locate(ref: CgroupRef | None, pods: PodLookup, skip) -> tuple[PodInfo | Non
     return pod, None
 
 
+class SkipCounter(dict[str, int]):
+    """Counted skips by reason: what attribution could not use, and why."""
+
+    def __call__(self, reason: str) -> None:
+        self[reason] = self.get(reason, 0) + 1
+
+
+ContainerKey = tuple[str, str]  # (pod uid, container name)
+
+
 def attribute(
     sample: NodeSample,
     pids: Mapping[int, CgroupRef | None],
@@ -133,28 +143,43 @@ def attribute(
     allocations: Sequence[Allocation],
 ) -> NodeAttribution:
     """Apply the rules in the module docstring to one sampling cycle."""
-    skips: dict[str, int] = {}
-
-    def skip(reason: str) -> None:
-        skips[reason] = skips.get(reason, 0) + 1
-
+    skip = SkipCounter()
     devices = {d.uuid: d for d in sample.devices}
-    # Per device: processes with their container.
-    procs: dict[str, list[ProcessAttribution]] = {}
-    for d in sample.devices:
-        util = combine_util_samples(d.util_samples) if d.util_samples_ok else None
-        rows = []
-        for p in d.processes:
-            if p.pid not in pids:
-                skip("process_exited")  # gone before /proc could be read
-                continue
-            pod, container = _locate(pids[p.pid], pods, skip)
-            sm = None if util is None else min(100.0, util.get(p.pid, 0.0))
-            rows.append(ProcessAttribution(p.pid, d.uuid, p.used_memory_bytes, sm, pod, container))
-        procs[d.uuid] = rows
+    procs = {d.uuid: _device_processes(d, pids, pods, skip) for d in sample.devices}
+    placed = _place(allocations, devices, procs)
+    holders: dict[str, dict[ContainerKey, Allocation]] = {u: {} for u in devices}
+    for a, uuid in placed:
+        if uuid is not None:
+            holders[uuid].setdefault((a.pod_uid, a.container), a)
 
-    # Place allocations whose GPU is unknown on the GPUs their container runs on (rule 4).
-    running: dict[tuple[str, str], list[str]] = {}
+    pods_used: dict[str, PodInfo] = {}
+    results = [_device(d, procs[d.uuid], holders[d.uuid], pods, pods_used, skip) for d in sample.devices]
+    modes = {r.device.uuid: r.mode for r in results}
+    placed_out = _placed_allocations(placed, devices, modes, pods, pods_used)
+    return NodeAttribution(tuple(results), placed_out,
+                           tuple(sorted(pods_used.values(), key=lambda p: (p.namespace, p.name))),
+                           skip)
+
+
+def _device_processes(d: DeviceSample, pids: Mapping[int, CgroupRef | None], pods: PodLookup,
+                      skip: SkipCounter) -> list[ProcessAttribution]:
+    """One device's processes with their container (rules 1 and 2)."""
+    util = combine_util_samples(d.util_samples) if d.util_samples_ok else None
+    rows = []
+    for p in d.processes:
+        if p.pid not in pids:
+            skip("process_exited")  # gone before /proc could be read
+            continue
+        pod, container = _locate(pids[p.pid], pods, skip)
+        sm = None if util is None else min(100.0, util.get(p.pid, 0.0))
+        rows.append(ProcessAttribution(p.pid, d.uuid, p.used_memory_bytes, sm, pod, container))
+    return rows
+
+
+def _place(allocations: Sequence[Allocation], devices: Mapping[str, DeviceSample],
+           procs: Mapping[str, list[ProcessAttribution]]) -> list[tuple[Allocation, str | None]]:
+    """Each allocation with its GPU: the known placement, else a GPU its container runs on (rule 4)."""
+    running: dict[ContainerKey, list[str]] = {}
     for uuid, rows in procs.items():
         for r in rows:
             if r.pod is not None and r.container is not None:
@@ -162,7 +187,7 @@ def attribute(
                 if uuid not in gpus:
                     gpus.append(uuid)
     placed: list[tuple[Allocation, str | None]] = []
-    taken: dict[tuple[str, str], set[str]] = {}
+    taken: dict[ContainerKey, set[str]] = {}
     for a in allocations:
         if a.uuid is not None:
             if a.uuid in devices:
@@ -179,59 +204,59 @@ def attribute(
             if target is not None:
                 have.add(target)
             placed.append((a, target))
+    return placed
 
-    holders: dict[str, dict[tuple[str, str], Allocation]] = {u: {} for u in devices}
-    for a, uuid in placed:
-        if uuid is not None:
-            holders[uuid].setdefault((a.pod_uid, a.container), a)
 
-    pods_used: dict[str, PodInfo] = {}
-    results: list[DeviceAttribution] = []
-    modes: dict[str, str] = {}
-    for d in sample.devices:
-        rows = procs[d.uuid]
-        held = holders[d.uuid]
-        per_container: dict[tuple[str, str], list[ProcessAttribution]] = {}
-        for r in rows:
-            if r.pod is not None and r.container is not None:
-                per_container.setdefault((r.pod.uid, r.container), []).append(r)
-        others = [k for k in per_container if k not in held]
-        only = next(iter(held.values())) if len(held) == 1 else None
-        if only is not None and only.whole and not others:
-            mode = EXCLUSIVE
-        elif held or len(per_container) >= 2:
-            mode = SHARE
-        else:
-            mode = NONE
-        modes[d.uuid] = mode
-        users: list[ContainerUsage] = []
-        if mode != NONE:
-            for key in [*held, *others]:
-                pod = pods.pods.get(key[0])
-                if pod is None:
-                    skip("allocation_pod_missing")
-                    continue
-                mine = per_container.get(key, [])
-                sm = None if any(r.sm_util is None for r in mine) else min(
-                    100.0, sum(r.sm_util or 0.0 for r in mine))
-                mem = None if any(r.used_memory_bytes is None for r in mine) else sum(
-                    r.used_memory_bytes or 0 for r in mine)
-                if mode == EXCLUSIVE:
-                    sm = None if d.utilization_gpu is None else float(d.utilization_gpu)
-                    mem = d.memory_used_bytes
-                elif not d.processes_ok:
-                    sm = mem = None  # unknown is not idle: omit rather than report 0
-                users.append(ContainerUsage(pod, key[1], sm, mem, held.get(key)))
-                pods_used[pod.uid] = pod
-            users.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.container))
-        unaccounted = tuple(r for r in rows if r.pod is None or r.container is None or
-                            (r.pod.uid, r.container) not in held)
-        for r in unaccounted:
-            if r.pod is not None:
-                pods_used[r.pod.uid] = r.pod
-        results.append(DeviceAttribution(d, mode, tuple(users), unaccounted, tuple(rows)))
+def _device(d: DeviceSample, rows: list[ProcessAttribution], held: Mapping[ContainerKey, Allocation],
+            pods: PodLookup, pods_used: dict[str, PodInfo], skip: SkipCounter) -> DeviceAttribution:
+    """One GPU's mode, its users and its unaccounted processes (rules 3, 5 and 6)."""
+    per_container: dict[ContainerKey, list[ProcessAttribution]] = {}
+    for r in rows:
+        if r.pod is not None and r.container is not None:
+            per_container.setdefault((r.pod.uid, r.container), []).append(r)
+    others = [k for k in per_container if k not in held]
+    only = next(iter(held.values())) if len(held) == 1 else None
+    if only is not None and only.whole and not others:
+        mode = EXCLUSIVE
+    elif held or len(per_container) >= 2:
+        mode = SHARE
+    else:
+        mode = NONE
+    users: list[ContainerUsage] = []
+    if mode != NONE:
+        for key in [*held, *others]:
+            pod = pods.pods.get(key[0])
+            if pod is None:
+                skip("allocation_pod_missing")
+                continue
+            sm, mem = _usage(d, mode, per_container.get(key, []))
+            users.append(ContainerUsage(pod, key[1], sm, mem, held.get(key)))
+            pods_used[pod.uid] = pod
+        users.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.container))
+    unaccounted = tuple(r for r in rows if r.pod is None or r.container is None or
+                        (r.pod.uid, r.container) not in held)
+    for r in unaccounted:
+        if r.pod is not None:
+            pods_used[r.pod.uid] = r.pod
+    return DeviceAttribution(d, mode, tuple(users), unaccounted, tuple(rows))
 
-    placed_out: list[PlacedAllocation] = []
+
+def _usage(d: DeviceSample, mode: str, mine: list[ProcessAttribution]) -> tuple[float | None, int | None]:
+    """A container's SM utilization and memory on one GPU (rule 3; the device's own figures if exclusive)."""
+    if mode == EXCLUSIVE:
+        return (None if d.utilization_gpu is None else float(d.utilization_gpu)), d.memory_used_bytes
+    if not d.processes_ok:
+        return None, None  # unknown is not idle: omit rather than report 0
+    sm = None if any(r.sm_util is None for r in mine) else min(100.0, sum(r.sm_util or 0.0 for r in mine))
+    mem = None if any(r.used_memory_bytes is None for r in mine) else sum(r.used_memory_bytes or 0 for r in mine)
+    return sm, mem
+
+
+def _placed_allocations(placed: list[tuple[Allocation, str | None]], devices: Mapping[str, DeviceSample],
+                        modes: Mapping[str, str], pods: PodLookup,
+                        pods_used: dict[str, PodInfo]) -> tuple[PlacedAllocation, ...]:
+    """The allocation rows: GPU resolved, a whole GPU's memory filled in, the GPU's mode."""
+    out: list[PlacedAllocation] = []
     for a, uuid in placed:
         pod = pods.pods.get(a.pod_uid)
         if pod is None:
@@ -242,11 +267,8 @@ def attribute(
             memory = dev.memory_total_bytes
         mode = modes.get(uuid, SHARE if not a.whole else EXCLUSIVE) if uuid else (
             EXCLUSIVE if a.whole else SHARE)
-        placed_out.append(PlacedAllocation(pod, a.container, uuid or "",
-                                           dev.minor_number if dev else None, mode, a.scheme,
-                                           a.compute_percent, memory))
+        out.append(PlacedAllocation(pod, a.container, uuid or "", dev.minor_number if dev else None, mode,
+                                    a.scheme, a.compute_percent, memory))
         pods_used[pod.uid] = pod
-    placed_out.sort(key=lambda p: (p.pod.namespace, p.pod.name, p.container, p.uuid))
-    return NodeAttribution(tuple(results), tuple(placed_out),
-                           tuple(sorted(pods_used.values(), key=lambda p: (p.namespace, p.name))),
-                           skips)
+    out.sort(key=lambda p: (p.pod.namespace, p.pod.name, p.container, p.uuid))
+    return tuple(out)

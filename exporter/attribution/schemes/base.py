@@ -1,0 +1,107 @@
+"""What every sharing scheme shares: the allocation record, the node context, quantities.
+
+A scheme is two pure functions over one pod container: ``claims`` (does this container use the
+scheme?) and ``allocate`` (what it was allocated, and on which GPU when that is known).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from exporter.model import ContainerInfo, DeviceSample, PodInfo, PodResources
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_SUFFIX = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "m": 1e-3,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """What one container was allocated on one GPU (``uuid=None``: GPU not known yet).
+
+    ``whole`` means the container got the card to itself. ``compute_percent`` is percent
+    of one GPU; ``memory_bytes`` None means the scheme grants no memory (a whole GPU's
+    memory is filled in as the card's total once the GPU is known).
+    """
+
+    pod_uid: str
+    container: str
+    scheme: str
+    whole: bool
+    uuid: str | None
+    compute_percent: float | None
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """What a scheme may consult besides the pod: this node's devices, labels and kubelet answer."""
+
+    devices: Sequence[DeviceSample]
+    node_labels: Mapping[str, str]
+    pod_resources: Mapping[tuple[str, str, str], tuple[tuple[str, tuple[str, ...]], ...]]
+    skip: Callable[[str], None]
+    by_index: Mapping[int, str] = field(init=False)
+    uuids: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_index", {d.index: d.uuid for d in self.devices})
+        object.__setattr__(self, "uuids", frozenset(d.uuid for d in self.devices))
+
+    def device_ids(self, pod: PodInfo, c: ContainerInfo) -> dict[str, tuple[str, ...]]:
+        """The kubelet's device ids for this container, by resource name ({} without the socket)."""
+        return dict(self.pod_resources.get((pod.namespace, pod.name, c.name), ()))
+
+
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """One sharing scheme: a name for the docs, and its two pure functions."""
+
+    name: str
+    claims: Callable[[PodInfo, ContainerInfo], bool]
+    allocate: Callable[[NodeContext, PodInfo, ContainerInfo], list[Allocation]]
+
+
+def index_pod_resources(pod_resources: Iterable[PodResources]) -> dict:
+    """Index the kubelet answer by (namespace, pod, container)."""
+    out: dict[tuple[str, str, str], tuple[tuple[str, tuple[str, ...]], ...]] = {}
+    for p in pod_resources:
+        for c in p.containers:
+            out[(p.namespace, p.name, c.name)] = c.devices
+    return out
+
+
+def parse_quantity(value: object) -> float | None:
+    """Parse a Kubernetes quantity (``"2"``, ``"500m"``, ``"4Gi"``); None when malformed."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if math.isfinite(value) and value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    m = _QUANTITY.match(value)
+    if not m or m.group(2) not in _SUFFIX:
+        return None
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def amount(c: ContainerInfo, resource: str) -> float | None:
+    """A container's quantity of one resource (limits first, as the kubelet does), None if absent."""
+    raw = c.limits.get(resource, c.requests.get(resource))
+    return None if raw is None else parse_quantity(raw)
+
+
+def index_list(value: str) -> list[int] | None:
+    """``"0,1"`` -> [0, 1]; None when malformed."""
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        return None

@@ -1,0 +1,41 @@
+"""Tencent GPU Manager (vcuda): ``tencent.com/vcuda-core`` (100 = one GPU) and
+``tencent.com/vcuda-memory`` (units of 256 MiB), placed by ``tencent.com/predicate-gpu-idx-<n>``.
+"""
+
+from __future__ import annotations
+
+from exporter.attribution.schemes.base import MIB, Allocation, NodeContext, Scheme, amount, index_list
+from exporter.model import ContainerInfo, PodInfo
+
+SCHEME_VCUDA = "tencent-vcuda"
+VCUDA_MEMORY_UNIT = 256 * MIB
+VCUDA_CORE = "tencent.com/vcuda-core"
+VCUDA_MEM = "tencent.com/vcuda-memory"
+VCUDA_IDX_PREFIX = "tencent.com/predicate-gpu-idx-"
+
+
+def claims(pod: PodInfo, c: ContainerInfo) -> bool:
+    return amount(c, VCUDA_CORE) is not None or bool(amount(c, VCUDA_MEM))
+
+
+def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
+    core = amount(c, VCUDA_CORE) or 0.0
+    mem_units = amount(c, VCUDA_MEM)
+    memory = int(mem_units * VCUDA_MEMORY_UNIT) if mem_units else None
+    idx = index_list(pod.annotations.get(f"{VCUDA_IDX_PREFIX}{c.index}", ""))
+    if idx is None:
+        node.skip("malformed_vcuda_annotation")
+        idx = []
+    whole = core >= 100
+    count = max(1, int(core // 100)) if whole else 1
+    if whole:
+        targets: list[int | None] = [*idx[:count]] + [None] * max(0, count - len(idx))
+        return [Allocation(pod.uid, c.name, SCHEME_VCUDA, True,
+                           None if i is None else node.by_index.get(i), 100.0, None) for i in targets]
+    gpu = node.by_index.get(idx[0]) if idx else None
+    if idx and gpu is None:
+        node.skip("annotation_unknown_gpu_index")
+    return [Allocation(pod.uid, c.name, SCHEME_VCUDA, False, gpu, core or None, memory)]
+
+
+SCHEME = Scheme("Tencent GPU Manager (vcuda)", claims, allocate)
