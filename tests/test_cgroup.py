@@ -72,6 +72,23 @@ def ref_of(text: str) -> CgroupRef | None:
         (f"0::/kubepods/pod{STATIC_UID}/{CID}", CgroupRef(STATIC_UID, CID, None)),
         # a removed cgroup keeps its path with a suffix on v2
         (f"0::{SYSTEMD_BURSTABLE}/cri-containerd-{CID}.scope (deleted)", CgroupRef(UID, CID, "containerd")),
+        # colon form: kubelet on the systemd driver, runc on cgroupfs (containerd without SystemdCgroup)
+        (f"11:memory:/system.slice/containerd.service/kubepods-besteffort-pod{UID_}.slice:cri-containerd:{CID}",
+         CgroupRef(UID, CID, "containerd")),
+        (f"0::/system.slice/containerd.service/kubepods-burstable-pod{UID_}.slice:cri-containerd:{CID}",
+         CgroupRef(UID, CID, "containerd")),
+        (f"4:pids:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice:cri-containerd:{CID}",
+         CgroupRef(UID, CID, "containerd")),
+        (f"0::/kubepods-pod{UID_}.slice:crio:{CID}", CgroupRef(UID, CID, "cri-o")),
+        (f"0::/system.slice/docker.service/kubepods-pod{UID_}.slice:docker:{CID}", CgroupRef(UID, CID, "docker")),
+        (f"0::{SYSTEMD_BURSTABLE}/kubepods-burstable-pod{UID_}.slice:cri-containerd:{CID}",
+         CgroupRef(UID, CID, "containerd")),
+        (f"0::/system.slice/containerd.service/kubepods-besteffort-pod{UID_}.slice:cri-containerd:{CID}/init.scope",
+         CgroupRef(UID, CID, "containerd")),
+        # colon form with an unknown runtime prefix or a malformed id: the pod alone
+        (f"0::/system.slice/containerd.service/kubepods-pod{UID_}.slice:podman:{CID}", CgroupRef(UID, None, None)),
+        (f"0::/system.slice/containerd.service/kubepods-pod{UID_}.slice:cri-containerd:abc",
+         CgroupRef(UID, None, None)),
         # upper case is normalised
         (f"0::/kubepods/pod{UID.upper()}/{CID.upper()}", CgroupRef(UID, CID, None)),
     ],
@@ -281,3 +298,23 @@ def test_generated_layouts_round_trip(
     # conmon is charged to the pod, never to the container it monitors
     expected = CgroupRef(uid, None, "cri-o") if runtime == "conmon" else CgroupRef(uid, cid, expected_runtime)
     assert parse_cgroup(text) == CgroupParse(expected, 0)
+
+
+@given(
+    uid=_uid(),
+    cid=st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+    qos=st.sampled_from(["", "burstable", "besteffort"]),
+    runtime=st.sampled_from(["containerd", "cri-o", "docker"]),
+    parent=st.sampled_from(["/system.slice/containerd.service", "/system.slice/crio.service", "", "/..",
+                            "/kubepods.slice/kubepods-besteffort.slice"]),
+    suffix=st.sampled_from(["", "/init.scope", " (deleted)"]),
+    v1=st.booleans(),
+)
+def test_generated_colon_form_round_trip(
+    uid: str, cid: str, qos: str, runtime: str, parent: str, suffix: str, v1: bool
+) -> None:
+    q = f"-{qos}" if qos else ""
+    prefix = {"containerd": "cri-containerd", "cri-o": "crio", "docker": "docker"}[runtime]
+    path = f"{parent}/kubepods{q}-pod{uid.replace('-', '_')}.slice:{prefix}:{cid}{suffix}"
+    text = f"9:memory:{path}\n1:name=systemd:/\n0::/\n" if v1 else f"0::{path}\n"
+    assert parse_cgroup(text) == CgroupParse(CgroupRef(uid, cid, runtime), 0)

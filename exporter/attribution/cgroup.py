@@ -18,6 +18,12 @@ Decisions (the attribution code relies on them):
   ``<id>``). Anything deeper (``init.scope``, a sub-cgroup made inside the container,
   docker-in-docker) belongs to that container. An unrecognised component there, or none,
   gives a pod-level ref ``CgroupRef(uid, None)``.
+* **Colon form.** When the kubelet uses the systemd driver but the runtime's runc does not
+  (containerd without ``SystemdCgroup = true``), runc takes the systemd-style cgroup name
+  ``<pod slice>:<prefix>:<id>`` as one literal directory, usually below the runtime's service:
+  ``/system.slice/containerd.service/kubepods-besteffort-pod<uid>.slice:cri-containerd:<id>``.
+  Such a component is the pod and the container in one (prefixes ``cri-containerd``, ``crio``,
+  ``docker``; an unknown prefix or a malformed id gives the pod alone).
 * **conmon.** ``crio-conmon-<id>[.scope]`` is CRI-O's monitor process, not the workload.
   It yields a pod-level ref ``CgroupRef(uid, None, "cri-o")``: the process is charged to the
   pod (it lives in the pod's cgroup) but never to the container whose id it carries.
@@ -64,6 +70,10 @@ _CONTAINERS: tuple[tuple[re.Pattern[str], str | None], ...] = (
     (re.compile(rf"(?P<id>{_HEX64})", re.IGNORECASE), None),
 )
 
+# "<pod slice>:<prefix>:<id>" as one directory name (see "Colon form" above).
+_COLON_RUNTIMES = {"cri-containerd": "containerd", "crio": "cri-o", "docker": "docker"}
+_COLON_ID = re.compile(_HEX64, re.IGNORECASE)
+
 _HIERARCHY_ID = re.compile(r"[0-9]+")
 # cgroup v2 appends this to the path of a cgroup that was removed while the process was in it.
 _DELETED_SUFFIX = " (deleted)"
@@ -96,16 +106,36 @@ def parse_cgroup_path(path: str) -> CgroupRef | None:
     for i, part in enumerate(parts):
         uid = _pod_uid(part)
         if uid is None:
+            colon = _colon_form(part)
+            if colon is not None:
+                return colon
             continue
         child = parts[i + 1] if i + 1 < len(parts) else ""
         if _CONMON.fullmatch(child):
             return CgroupRef(uid, None, "cri-o")
+        colon = _colon_form(child)
+        if colon is not None and colon.pod_uid == uid:
+            return colon
         for pattern, runtime in _CONTAINERS:
             m = pattern.fullmatch(child)
             if m is not None:
                 return CgroupRef(uid, m.group("id").lower(), runtime)
         return CgroupRef(uid, None, None)
     return None
+
+
+def _colon_form(component: str) -> CgroupRef | None:
+    """``<pod slice>:<prefix>:<id>`` as one component -> the pod and container, else None."""
+    fields = component.split(":")
+    if len(fields) != 3:
+        return None
+    uid = _pod_uid(fields[0])
+    if uid is None or not _SYSTEMD_POD.fullmatch(fields[0]):
+        return None
+    runtime = _COLON_RUNTIMES.get(fields[1].lower())
+    if runtime is None or not _COLON_ID.fullmatch(fields[2]):
+        return CgroupRef(uid, None, None)
+    return CgroupRef(uid, fields[2].lower(), runtime)
 
 
 def _v1_rank(controllers: str) -> int:
