@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import pytest
@@ -155,6 +155,22 @@ def test_vcuda_fractional_is_share_and_whole_is_exclusive():
     assert [d.mode for d in a.devices] == [SHARE, EXCLUSIVE]
     assert [(x.pod.name, x.compute_percent, x.memory_bytes) for x in a.allocations] == [
         ("pod-1", 40.0, 8 * 256 * MIB), ("pod-2", 100.0, TOTAL)]
+
+
+def test_vcuda_predicate_index_is_the_device_minor_not_the_nvml_index():
+    # gpu-manager writes /dev/nvidia<minor> numbers; here NVML index 0 is /dev/nvidia3, index 1 /dev/nvidia1
+    frac = pod(1, {"tencent.com/vcuda-core": "40", "tencent.com/vcuda-memory": "8"},
+               {"tencent.com/predicate-gpu-idx-0": "3"})
+    whole = pod(2, {"tencent.com/vcuda-core": "100"}, {"tencent.com/predicate-gpu-idx-0": "1"})
+    devices = [replace(gpu(0), minor_number=3), replace(gpu(1), minor_number=1)]
+    a = run(devices, {}, Pods.of(frac, whole))
+    assert [(x.pod.name, x.uuid) for x in a.allocations] == [("pod-1", "GPU-0"), ("pod-2", "GPU-1")]
+    assert [d.mode for d in a.devices] == [SHARE, EXCLUSIVE]
+    # a minor no device has is a counted skip, never another GPU's index
+    stray = pod(3, {"tencent.com/vcuda-core": "40"}, {"tencent.com/predicate-gpu-idx-0": "0"})
+    result = compute_allocations([stray], devices, {})
+    assert [x.uuid for x in result.allocations] == [None]
+    assert result.skips == {"annotation_unknown_gpu_minor": 1}
 
 
 def test_hami_virtual_gpus_from_annotation():

@@ -49,11 +49,18 @@ class NodeContext:
     node_labels: Mapping[str, str]
     pod_resources: Mapping[tuple[str, str, str], tuple[tuple[str, tuple[str, ...]], ...]]
     skip: Callable[[str], None]
-    by_index: Mapping[int, str] = field(init=False)
+    by_index: Mapping[int, str] = field(init=False)  # NVML index -> uuid
+    by_minor: Mapping[int, str] = field(init=False)  # /dev/nvidia<minor> -> uuid of the whole GPU
     uuids: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_index", {d.index: d.uuid for d in self.devices})
+        # MIG devices carry their card's minor number; the card's own entry, when listed, wins.
+        by_minor: dict[int, str] = {}
+        for d in sorted(self.devices, key=lambda d: d.parent_uuid is not None):
+            if d.minor_number is not None:
+                by_minor.setdefault(d.minor_number, d.uuid)
+        object.__setattr__(self, "by_minor", by_minor)
         object.__setattr__(self, "uuids", frozenset(d.uuid for d in self.devices))
 
     def device_ids(self, pod: PodInfo, c: ContainerInfo) -> dict[str, tuple[str, ...]]:

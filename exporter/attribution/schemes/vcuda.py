@@ -1,5 +1,9 @@
 """Tencent GPU Manager (vcuda): ``tencent.com/vcuda-core`` (100 = one GPU) and
 ``tencent.com/vcuda-memory`` (units of 256 MiB), placed by ``tencent.com/predicate-gpu-idx-<n>``.
+
+The annotation holds device **minor** numbers (``/dev/nvidia<minor>``, what gpu-manager's
+allocator hands out), not NVML indices; on many nodes the two differ, so the GPU is found
+through the minor number NVML reports for it.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     if whole:
         targets: list[int | None] = [*idx[:count]] + [None] * max(0, count - len(idx))
         return [Allocation(pod.uid, c.name, SCHEME_VCUDA, True,
-                           None if i is None else node.by_index.get(i), 100.0, None) for i in targets]
-    gpu = node.by_index.get(idx[0]) if idx else None
+                           None if i is None else node.by_minor.get(i), 100.0, None) for i in targets]
+    gpu = node.by_minor.get(idx[0]) if idx else None
     if idx and gpu is None:
-        node.skip("annotation_unknown_gpu_index")
+        node.skip("annotation_unknown_gpu_minor")
     return [Allocation(pod.uid, c.name, SCHEME_VCUDA, False, gpu, core or None, memory)]
 
 
