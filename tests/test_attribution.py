@@ -206,6 +206,60 @@ def test_nvidia_time_slicing_and_mps_are_share(labels, ids, scheme, compute):
     assert a.devices[0].users[0].sm_util == 40.0
 
 
+@pytest.mark.parametrize("labels,ids,scheme,compute,memory", [
+    ({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "4"}, ("GPU-0::1",),
+     "nvidia-mps", 25.0, TOTAL // 4),
+    ({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "4"}, (), "nvidia-mps", 25.0, TOTAL // 4),
+    ({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4"}, ("GPU-0::1",),
+     "nvidia-time-slicing", None, None),
+])
+def test_mps_clients_are_allocated_their_share_of_the_memory(labels, ids, scheme, compute, memory):
+    """With sharing.mps.replicas N the plugin caps each client at total/N: that is its allocation."""
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ids),)),))]
+    a = run([gpu(0, ((100, GIB, 40),))], {100: in_pod(1)}, Pods.of(p), labels, pr if ids else None)
+    assert [(x.scheme, x.compute_percent, x.memory_bytes, x.uuid) for x in a.allocations] == [
+        (scheme, compute, memory, "GPU-0")]
+
+
+GKE_TS = {"cloud.google.com/gke-accelerator": "nvidia-l4", "cloud.google.com/gke-gpu-sharing-strategy": "time-sharing",
+          "cloud.google.com/gke-max-shared-clients-per-gpu": "2"}
+GKE_MPS = {**GKE_TS, "cloud.google.com/gke-gpu-sharing-strategy": "mps"}
+
+
+@pytest.mark.parametrize("labels,ids,scheme,mode,compute,memory", [
+    ({"cloud.google.com/gke-accelerator": "nvidia-l4"}, ("nvidia3",), "gke", EXCLUSIVE, 100.0, TOTAL),
+    ({}, ("nvidia3",), "gke", EXCLUSIVE, 100.0, TOTAL),  # GKE's id form alone
+    (GKE_TS, ("nvidia3/vgpu1",), "gke-time-sharing", SHARE, None, None),
+    ({}, ("nvidia3/vgpu0",), "gke-time-sharing", SHARE, None, None),
+    (GKE_MPS, ("nvidia3/vgpu1",), "gke-mps", SHARE, 50.0, TOTAL // 2),
+])
+def test_gke_device_plugin_ids_name_the_minor(labels, ids, scheme, mode, compute, memory):
+    # NVML index 0 is /dev/nvidia3: GKE's ids name the minor, not the index
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ids),)),))]
+    devices = [replace(gpu(0, ((100, GIB, 40),)), minor_number=3), replace(gpu(1), minor_number=0)]
+    a = run(devices, {100: in_pod(1)}, Pods.of(p), labels, pr)
+    assert [(x.scheme, x.uuid, x.compute_percent, x.memory_bytes) for x in a.allocations] == [
+        (scheme, "GPU-0", compute, memory)]
+    assert [d.mode for d in a.devices] == [mode, NONE]
+
+
+def test_gke_time_sharing_without_pod_resources_is_placed_by_processes():
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    a = run([gpu(0), gpu(1, ((100, GIB, 40),))], {100: in_pod(1)}, Pods.of(p), GKE_TS)
+    assert [(x.scheme, x.uuid) for x in a.allocations] == [("gke-time-sharing", "GPU-1")]
+    assert [d.mode for d in a.devices] == [NONE, SHARE]
+
+
+def test_gke_unknown_minor_is_a_counted_skip():
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ("nvidia7",)),)),))]
+    result = compute_allocations([p], [gpu(0)], GKE_TS, pr)
+    assert [x.uuid for x in result.allocations] == [None]
+    assert result.skips == {"pod_resources_unknown_device": 1}
+
+
 def test_processes_of_two_unallocated_containers_make_share():
     p1, p2 = pod(1), pod(2)
     a = run([gpu(0, ((100, GIB, 10), (200, GIB, 20)))], {100: in_pod(1), 200: in_pod(2)}, Pods.of(p1, p2))

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from exporter.attribution.schemes import gpushare, hami, nvidia, vcuda
+from exporter.attribution.schemes import gke, gpushare, hami, nvidia, vcuda
 from exporter.attribution.schemes.base import Allocation, NodeContext, Scheme, index_pod_resources
 from exporter.model import DeviceSample, PodInfo, PodResources
 
 # The first scheme that claims a container allocates it. HAMi comes first because its pods
-# also request nvidia.com/gpu; the NVIDIA device plugin, the most generic claim, comes last.
-SCHEMES: tuple[Scheme, ...] = (hami.SCHEME, gpushare.SCHEME, vcuda.SCHEME, nvidia.SCHEME)
+# also request nvidia.com/gpu; GKE's plugin serves nvidia.com/gpu too, but only on GKE nodes or
+# with its own device ids; the NVIDIA device plugin, the most generic claim, comes last.
+SCHEMES: tuple[Scheme, ...] = (hami.SCHEME, gpushare.SCHEME, vcuda.SCHEME, gke.SCHEME, nvidia.SCHEME)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ def compute_allocations(
         if pod.phase in ("Succeeded", "Failed"):
             continue  # a finished pod releases its devices
         for c in pod.containers:
-            scheme = next((s for s in SCHEMES if s.claims(pod, c)), None)
+            scheme = next((s for s in SCHEMES if s.claims(node, pod, c)), None)
             if scheme is not None:
                 out.extend(scheme.allocate(node, pod, c))
     return AllocationResult(tuple(out), skips)

@@ -263,8 +263,11 @@ def _placed_allocations(placed: list[tuple[Allocation, str | None]], devices: Ma
             continue
         dev = devices.get(uuid) if uuid else None
         memory = a.memory_bytes
-        if memory is None and a.whole and dev is not None:
-            memory = dev.memory_total_bytes
+        total = dev.memory_total_bytes if dev is not None else None
+        if memory is None and total is not None and a.whole:
+            memory = total
+        elif memory is None and total is not None and a.memory_fraction is not None:
+            memory = int(total * a.memory_fraction)
         mode = modes.get(uuid, SHARE if not a.whole else EXCLUSIVE) if uuid else (
             EXCLUSIVE if a.whole else SHARE)
         out.append(PlacedAllocation(pod, a.container, uuid or "", dev.minor_number if dev else None, mode,

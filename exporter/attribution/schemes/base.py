@@ -1,7 +1,8 @@
 """What every sharing scheme shares: the allocation record, the node context, quantities.
 
-A scheme is two pure functions over one pod container: ``claims`` (does this container use the
-scheme?) and ``allocate`` (what it was allocated, and on which GPU when that is known).
+A scheme is two pure functions over one pod container on this node: ``claims`` (does this
+container use the scheme?) and ``allocate`` (what it was allocated, and on which GPU when that
+is known).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ class Allocation:
     """What one container was allocated on one GPU (``uuid=None``: GPU not known yet).
 
     ``whole`` means the container got the card to itself. ``compute_percent`` is percent
-    of one GPU; ``memory_bytes`` None means the scheme grants no memory (a whole GPU's
-    memory is filled in as the card's total once the GPU is known).
+    of one GPU; ``memory_bytes`` None means the scheme grants no fixed memory: a whole GPU's
+    memory is filled in as the card's total once the GPU is known, and a scheme that caps each
+    client at a share of the card (MPS replicas) says which in ``memory_fraction``.
     """
 
     pod_uid: str
@@ -39,6 +41,7 @@ class Allocation:
     uuid: str | None
     compute_percent: float | None
     memory_bytes: int | None
+    memory_fraction: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,7 @@ class Scheme:
     """One sharing scheme: a name for the docs, and its two pure functions."""
 
     name: str
-    claims: Callable[[PodInfo, ContainerInfo], bool]
+    claims: Callable[[NodeContext, PodInfo, ContainerInfo], bool]
     allocate: Callable[[NodeContext, PodInfo, ContainerInfo], list[Allocation]]
 
 

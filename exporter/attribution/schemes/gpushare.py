@@ -18,7 +18,7 @@ ALIYUN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 ALIYUN_ALLOCATION = "scheduler.framework.gpushare.allocation"
 
 
-def claims(pod: PodInfo, c: ContainerInfo) -> bool:
+def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
     return bool(amount(c, ALIYUN_MEM))
 
 

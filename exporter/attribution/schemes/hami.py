@@ -39,7 +39,7 @@ def hami_entries(annotation: str) -> tuple[tuple[Entry, ...], ...]:
     return tuple(per_container)
 
 
-def claims(pod: PodInfo, c: ContainerInfo) -> bool:
+def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
     return HAMI_ANNOTATION in pod.annotations or bool(
         amount(c, HAMI_MEM) or amount(c, HAMI_CORES) or amount(c, HAMI_MEM_PERCENT))
 

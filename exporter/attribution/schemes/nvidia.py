@@ -2,7 +2,8 @@
 
 ``nvidia.com/gpu`` / ``nvidia.com/mig-*``; time-slicing and MPS on a node whose
 ``nvidia.com/gpu.sharing-strategy`` label says so, the renamed ``nvidia.com/gpu.shared``
-resource, or pod-resources device ids ``GPU-<uuid>::<replica>``.
+resource, or pod-resources device ids ``GPU-<uuid>::<replica>``. Under MPS each client is
+capped at 1/``nvidia.com/gpu.replicas`` of the card's compute and memory.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _mig_resources(c: ContainerInfo) -> set[str]:
     return {r for r in (*c.limits, *c.requests) if r.startswith(NVIDIA_MIG)}  # a set: limits repeat requests
 
 
-def claims(pod: PodInfo, c: ContainerInfo) -> bool:
+def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
     return bool(amount(c, NVIDIA_GPU) or amount(c, NVIDIA_GPU_SHARED) or _mig_resources(c))
 
 
@@ -54,7 +55,10 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     else:
         scheme = SCHEME_NVIDIA
     whole = scheme == SCHEME_NVIDIA
-    compute = 100.0 if whole else (100.0 / replicas if scheme == SCHEME_MPS and replicas >= 1 else None)
+    mps = scheme == SCHEME_MPS and replicas >= 1
+    # The plugin's MPS daemon caps every client at 1/replicas of the card's threads and memory.
+    compute = 100.0 if whole else (100.0 / replicas if mps else None)
+    fraction = 1.0 / replicas if mps else None
     placed: list[str] = []
     for i in ids:
         u = i.split("::", 1)[0]
@@ -65,8 +69,8 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     if mig:
         # Without pod-resources: count them, place them where the container's processes run.
         count = max(count, int(sum(amount(c, r) or 0 for r in mig)))
-    allocs = [Allocation(pod.uid, c.name, scheme, whole, u, compute, None) for u in placed]
-    allocs += [Allocation(pod.uid, c.name, scheme, whole, None, compute, None)
+    allocs = [Allocation(pod.uid, c.name, scheme, whole, u, compute, None, fraction) for u in placed]
+    allocs += [Allocation(pod.uid, c.name, scheme, whole, None, compute, None, fraction)
                for _ in range(max(0, count - len(placed)))]
     return allocs
 

@@ -18,7 +18,7 @@ VCUDA_MEM = "tencent.com/vcuda-memory"
 VCUDA_IDX_PREFIX = "tencent.com/predicate-gpu-idx-"
 
 
-def claims(pod: PodInfo, c: ContainerInfo) -> bool:
+def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
     return amount(c, VCUDA_CORE) is not None or bool(amount(c, VCUDA_MEM))
 
 

@@ -1,0 +1,78 @@
+"""GKE's own NVIDIA device plugin: ``nvidia.com/gpu`` with device ids named by minor number.
+
+The kubelet's device ids are ``nvidia<minor>`` for a whole GPU and ``nvidia<minor>/vgpu<k>``
+for one of the GPU's shared clients. Sharing is announced on the node by
+``cloud.google.com/gke-gpu-sharing-strategy`` (``time-sharing`` / ``mps``) with
+``cloud.google.com/gke-max-shared-clients-per-gpu``; under MPS each client is capped at
+1/clients of the card's compute and memory. A node is a GKE GPU node when it carries
+``cloud.google.com/gke-accelerator`` or the sharing label, or when the ids have GKE's form.
+"""
+
+from __future__ import annotations
+
+import re
+
+from exporter.attribution.schemes.base import Allocation, NodeContext, Scheme, amount, parse_quantity
+from exporter.model import ContainerInfo, PodInfo
+
+SCHEME_GKE = "gke"
+SCHEME_GKE_TIME_SHARING = "gke-time-sharing"
+SCHEME_GKE_MPS = "gke-mps"
+
+NVIDIA_GPU = "nvidia.com/gpu"
+ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+SHARING_STRATEGY_LABEL = "cloud.google.com/gke-gpu-sharing-strategy"
+MAX_CLIENTS_LABEL = "cloud.google.com/gke-max-shared-clients-per-gpu"
+
+_DEVICE_ID = re.compile(r"nvidia(?P<minor>[0-9]{1,4})(?P<shared>/vgpu[0-9]{1,4})?")
+
+
+def _gke_ids(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[re.Match[str]] | None:
+    """The container's GKE-form device ids; None when some id has another form."""
+    ids = node.device_ids(pod, c).get(NVIDIA_GPU, ())
+    matches = [_DEVICE_ID.fullmatch(i) for i in ids]
+    return None if any(m is None for m in matches) else [m for m in matches if m is not None]
+
+
+def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
+    if not amount(c, NVIDIA_GPU):
+        return False
+    if ACCELERATOR_LABEL in node.node_labels or SHARING_STRATEGY_LABEL in node.node_labels:
+        return True
+    ids = _gke_ids(node, pod, c)
+    return bool(ids)
+
+
+def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
+    strategy = node.node_labels.get(SHARING_STRATEGY_LABEL, "").strip().lower()
+    clients = parse_quantity(node.node_labels.get(MAX_CLIENTS_LABEL, "")) or 0
+    ids = _gke_ids(node, pod, c)
+    if ids is None:
+        node.skip("pod_resources_unknown_device")
+        ids = []
+    shared_ids = any(m.group("shared") for m in ids)
+    if strategy == "mps":
+        scheme = SCHEME_GKE_MPS
+    elif strategy == "time-sharing" or shared_ids:
+        scheme = SCHEME_GKE_TIME_SHARING
+    else:
+        scheme = SCHEME_GKE
+    whole = scheme == SCHEME_GKE
+    mps = scheme == SCHEME_GKE_MPS and clients >= 1
+    compute = 100.0 if whole else (100.0 / clients if mps else None)
+    fraction = 1.0 / clients if mps else None
+    placed: list[str] = []
+    for m in ids:
+        uuid = node.by_minor.get(int(m.group("minor")))
+        if uuid is None:
+            node.skip("pod_resources_unknown_device")
+        elif uuid not in placed:
+            placed.append(uuid)
+    count = int(amount(c, NVIDIA_GPU) or 0)
+    allocs = [Allocation(pod.uid, c.name, scheme, whole, u, compute, None, fraction) for u in placed]
+    allocs += [Allocation(pod.uid, c.name, scheme, whole, None, compute, None, fraction)
+               for _ in range(max(0, count - len(placed)))]
+    return allocs
+
+
+SCHEME = Scheme("GKE device plugin (whole, time-sharing, MPS)", claims, allocate)
