@@ -17,8 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.bundle import alerts as alertsgen
-from exporter.bundle.alerts import AlertOptions, AlertOptionsError, render_alerts, render_prometheusrule
+from exporter.bundle.alerts import cli as alertsgen
+from exporter.bundle.alerts import options as alert_options
+from exporter.bundle.alerts.cli import render_alerts, render_prometheusrule
+from exporter.bundle.alerts.options import AlertOptions, AlertOptionsError
+from exporter.bundle.common import duration_seconds
 from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import (
     AMTOOL,
@@ -131,13 +134,13 @@ def test_every_alert_has_severity_annotations_and_for() -> None:
         name = a["alert"]
         assert re.fullmatch(r"KubeGpu[A-Z][A-Za-z]+", name), name  # CamelCase, shared prefix
         assert set(a) == {"alert", "expr", "for", "labels", "annotations"}, name
-        assert alertsgen.duration_seconds(a["for"]) > 0, name
+        assert duration_seconds(a["for"]) > 0, name
         assert a["labels"]["severity"] in {"critical", "warning", "info"}, name
         ann = a["annotations"]
         assert set(ann) == {"summary", "description", "runbook_url"}, name
         assert "{{" not in ann["summary"] and ann["summary"].endswith("."), name  # static sentence
         assert ann["description"].endswith("."), name
-        assert ann["runbook_url"] == f"{alertsgen.DEFAULT_RUNBOOK_URL}#{name.lower()}", name
+        assert ann["runbook_url"] == f"{alert_options.DEFAULT_RUNBOOK_URL}#{name.lower()}", name
     # both severities that page or notify are used, and the one page-worthy GPU failure is critical
     severities = {a["alert"]: a["labels"]["severity"] for a in alerts}
     assert severities["KubeGpuLost"] == severities["KubeGpuXidCritical"] == "critical"
@@ -521,12 +524,12 @@ def _github_anchor(heading: str) -> str:
 def test_xid_defaults_follow_the_catalog() -> None:
     from exporter.xid.parse import CATALOG
 
-    assert 79 in alertsgen.CRITICAL_XIDS and 48 in alertsgen.CRITICAL_XIDS
-    assert {13, 31, 94} <= set(alertsgen.APPLICATION_XIDS)
+    assert 79 in alert_options.CRITICAL_XIDS and 48 in alert_options.CRITICAL_XIDS
+    assert {13, 31, 94} <= set(alert_options.APPLICATION_XIDS)
     info = {c for c, i in CATALOG.items() if i.severity == "info"}
     assert info == {43, 45, 63, 92, 154}
-    assert not info & set(alertsgen.CRITICAL_XIDS + alertsgen.APPLICATION_XIDS)  # no action needed: no alert
-    assert set(alertsgen.CRITICAL_XIDS) | set(alertsgen.APPLICATION_XIDS) | info == set(CATALOG)
+    assert not info & set(alert_options.CRITICAL_XIDS + alert_options.APPLICATION_XIDS)  # no action needed: no alert
+    assert set(alert_options.CRITICAL_XIDS) | set(alert_options.APPLICATION_XIDS) | info == set(CATALOG)
 
 
 def test_docs_have_a_runbook_section_per_alert() -> None:

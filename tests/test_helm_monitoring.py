@@ -19,7 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.bundle.alerts import DEFAULT_RUNBOOK_URL, AlertOptions, render_alerts
+from exporter.bundle.alerts.cli import render_alerts
+from exporter.bundle.alerts.options import DEFAULT_RUNBOOK_URL, AlertOptions
 from exporter.bundle.dashboards import DashboardOptions, render_dashboards
 from exporter.bundle.rules import RuleOptions, render_rules
 from tests.test_helm import (
