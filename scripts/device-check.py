@@ -3,7 +3,7 @@
 
 It needs only the exporter's runtime modules (no cluster, no compiler, no CUDA toolkit):
 
-1. samples every GPU a few times through :class:`exporter.node.nvml.NvmlBackend` and records
+1. samples every GPU a few times through :class:`exporter.node.nvml.backend.NvmlBackend` and records
    what the driver answers (values, NotSupported fields, NVML errors by call and code, MIG mode);
 2. starts a GPU load in a child process through the CUDA driver API (ctypes on libcuda.so.1, a
    PTX spin kernel JIT-compiled by the driver) and checks that the backend sees the child's pid
@@ -97,7 +97,7 @@ def _device_summary(d: Any) -> dict[str, Any]:
 
 def run_checks(out_dir: Path, load_seconds: float | None) -> int:
     """All checks; ``load_seconds`` None skips the GPU load (steps 2 and 3)."""
-    from exporter.node.nvml import NvmlBackend
+    from exporter.node.nvml.backend import NvmlBackend
     from exporter.shell.cli import build_daemon
     from exporter.shell.config import load_config
 

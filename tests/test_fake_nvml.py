@@ -150,7 +150,7 @@ def test_a_child_process_loads_the_fake_by_soname(lib: Path, tmp_path: Path) -> 
     config = write_config({"nvml": {"driver_version": "535.104.05"}, "devices": [GPU]}, tmp_path / "c.cfg")
     child = textwrap.dedent("""
         import json
-        from exporter.node.nvml import NvmlBackend
+        from exporter.node.nvml.backend import NvmlBackend
         b = NvmlBackend()
         s = b.sample()
         b.close()

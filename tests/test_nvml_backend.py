@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from exporter.model import DeviceSample, ProcessUsage, UtilSample
-from exporter.node.nvml import NvmlBackend
+from exporter.node.nvml.backend import NvmlBackend
 from exporter.node.simulate import SimulatedBackend, parse_scenario
 from tests.fake_nvml import TICK_US, FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
 

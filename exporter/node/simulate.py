@@ -309,7 +309,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 class SimulatedBackend:
-    """Stands in for :class:`exporter.node.nvml.NvmlBackend`: one NodeSample per call."""
+    """Stands in for :class:`exporter.node.nvml.backend.NvmlBackend`: one NodeSample per call."""
 
     def __init__(self, scenario: Scenario, clock=time.time) -> None:
         self._scenario = scenario

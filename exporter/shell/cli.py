@@ -94,7 +94,7 @@ def build_daemon(cfg: Config) -> Daemon:
             from exporter.node.pod_watcher import build_api_client
             api_client = build_api_client(cfg.kube_api_url, None)
     else:
-        from exporter.node.nvml import NvmlBackend
+        from exporter.node.nvml.backend import NvmlBackend
         from exporter.node.procfs import ProcReader
 
         node = cfg.node_name or os.environ.get("NODE_NAME") or os.uname().nodename

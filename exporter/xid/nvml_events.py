@@ -31,7 +31,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.node.nvml import capped_backoff, error_name
+from exporter.node.nvml.errors import capped_backoff, error_name
 from exporter.xid.parse import bus_id_from_nvml
 
 log = logging.getLogger(__name__)

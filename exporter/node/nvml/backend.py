@@ -1,0 +1,215 @@
+"""The production sampler: reads every GPU through NVML (pynvml) into a NodeSample.
+
+Composes the package's parts (device identity, per-field reads, error accounting; each
+module's docstring has its rules) under these rules:
+
+* ``sample()`` never raises. Each NVML call is wrapped on its own (``errors.py``): a failure
+  costs that field, and the counts show in ``NodeSample.errors``.
+* NVML is initialised once. If init fails (no library, driver not loaded, RM version
+  mismatch, ...) the sample says ``nvml_up=False`` and later calls retry with exponential
+  backoff on an injectable monotonic clock.
+* ``GPU_IS_LOST`` marks that device lost (``DeviceSample.lost``) for the cycle and the rest
+  of its reads are skipped; the other devices keep reporting. A lost device is re-probed
+  with exponential backoff, not every cycle.
+* An unexpected exception outside NVML's error classes is counted under ``("sample_device",
+  name)`` (that device reports no values this cycle) or ``("sample", name)``.
+
+MIG (docs/metrics.md, "MIG"): a GPU in MIG mode is not reported itself; its MIG devices take its
+place, with the same fields as the simulated node gives them.
+
+* Minor number and PCI bus id are the card's; power, temperature, clocks, ECC and clocks event
+  reasons are read once per cycle on the card and repeated on each of its MIG devices.
+* A failing MIG call costs that field, or that MIG device when unexpected; ``GPU_IS_LOST`` from
+  the card or any of its MIG devices marks the card lost, reported as its last known MIG devices,
+  all lost (or as the card when none was ever found), re-probed with the card's backoff.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pynvml
+
+from exporter.model import DeviceSample, NodeSample
+from exporter.node.nvml.errors import CallErrors, DeviceLost, capped_backoff, error_name
+from exporter.node.nvml.fields import FieldReader
+from exporter.node.nvml.identity import Device, IdentityReader, Mig, absent, absent_mig
+
+
+class NvmlBackend:
+    """Samples every GPU on the node through NVML; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        init_backoff_s: float = 1.0,
+        init_backoff_max_s: float = 300.0,
+        lost_backoff_s: float = 10.0,
+        lost_backoff_max_s: float = 600.0,
+    ) -> None:
+        """``clock`` times backoff and durations; ``wall_clock`` stamps samples."""
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._init_backoff = (init_backoff_s, init_backoff_max_s)
+        self._lost_backoff = (lost_backoff_s, lost_backoff_max_s)
+        self._lock = threading.Lock()
+        self._initialized = False
+        self._closed = False
+        self._init_failures = 0
+        self._next_init_at = float("-inf")
+        self._devices: list[Device] = []
+        self._driver_version = ""
+        self._errors = CallErrors()
+        self._identity = IdentityReader(self._errors)
+        self._fields = FieldReader(self._errors)
+
+    @property
+    def nvml_up(self) -> bool:
+        """Whether NVML is initialised now."""
+        return self._initialized
+
+    def sample(self) -> NodeSample:
+        """Read every device once. Never raises; failures show in the sample's fields."""
+        with self._lock:
+            start = self._clock()
+            try:
+                devices = self._sample_devices(start)
+            except Exception as e:  # the contract is a sample, whatever went wrong
+                self._errors.count("sample", error_name(e))
+                devices = ()
+            return NodeSample(
+                timestamp=self._wall_clock(),
+                devices=devices,
+                nvml_up=self._initialized,
+                duration_seconds=max(0.0, self._clock() - start),
+                errors=self._errors.snapshot(),
+                driver_version=self._driver_version,
+            )
+
+    def close(self) -> None:
+        """Shut NVML down; later samples report ``nvml_up=False``. Idempotent."""
+        with self._lock:
+            self._closed = True
+            if self._initialized:
+                self._initialized = False
+                try:
+                    pynvml.nvmlShutdown()
+                except Exception as e:
+                    self._errors.count("nvmlShutdown", error_name(e))
+
+    # ---- init ----------------------------------------------------------------------------
+
+    def _sample_devices(self, now: float) -> tuple[DeviceSample, ...]:
+        if self._closed:
+            return ()
+        if not self._initialized and (now < self._next_init_at or not self._init(now)):
+            return ()
+        return tuple(s for dev in self._devices for s in self._sample_device(dev, now))
+
+    def _init(self, now: float) -> bool:
+        try:
+            pynvml.nvmlInit()
+        except Exception as e:  # NVMLError_DriverNotLoaded, _LibraryNotFound, _LibRmVersionMismatch, ...
+            self._init_failed("nvmlInit", e, now)
+            return False
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except Exception as e:
+            self._init_failed("nvmlDeviceGetCount", e, now)
+            try:
+                pynvml.nvmlShutdown()  # keep NVML's init refcount balanced for the retry
+            except Exception as shutdown_error:
+                self._errors.count("nvmlShutdown", error_name(shutdown_error))
+            return False
+        self._initialized = True
+        self._init_failures = 0
+        self._devices = [Device(i) for i in range(count)]
+        try:
+            self._driver_version = str(pynvml.nvmlSystemGetDriverVersion())
+        except Exception as e:
+            self._errors.count("nvmlSystemGetDriverVersion", error_name(e))
+            self._driver_version = ""
+        return True
+
+    def _init_failed(self, call: str, e: Exception, now: float) -> None:
+        self._errors.count(call, error_name(e))
+        self._init_failures += 1
+        self._next_init_at = now + capped_backoff(*self._init_backoff, self._init_failures)
+
+    # ---- one device ------------------------------------------------------------------------
+
+    def _sample_device(self, dev: Device, now: float) -> tuple[DeviceSample, ...]:
+        """The GPU's sample, or its MIG devices' samples when it is in MIG mode."""
+        if dev.lost and now < dev.next_probe_at:
+            return absent(dev, lost=True)
+        try:
+            samples = self._read_device(dev)
+        except DeviceLost:
+            dev.lost = True
+            dev.lost_failures += 1
+            dev.next_probe_at = now + capped_backoff(*self._lost_backoff, dev.lost_failures)
+            return absent(dev, lost=True)
+        except Exception as e:  # a surprise on one device must not cost the others their rows
+            self._errors.count("sample_device", error_name(e))
+            return absent(dev, lost=False)
+        dev.lost = False
+        dev.lost_failures = 0
+        return samples
+
+    def _read_device(self, dev: Device) -> tuple[DeviceSample, ...]:
+        if not self._identity.open(dev):
+            return absent(dev, lost=False)
+        if self._identity.in_mig_mode(dev):
+            return self._read_mig_card(dev)
+        dev.migs = []
+        return (self._read_gpu(dev),)
+
+    def _read_gpu(self, dev: Device) -> DeviceSample:
+        return DeviceSample(
+            index=dev.index,
+            uuid=dev.uuid,
+            name=dev.name,
+            minor_number=dev.minor_number,
+            pci_bus_id=dev.pci_bus_id,
+            **self._fields.handle_values(dev),
+            **self._fields.card_values(dev.handle),
+        )
+
+    # ---- MIG -------------------------------------------------------------------------------
+
+    def _read_mig_card(self, dev: Device) -> tuple[DeviceSample, ...]:
+        card = self._fields.card_values(dev.handle)
+        dev.migs = self._identity.enumerate_migs(dev)
+        samples = []
+        for m in dev.migs:
+            try:
+                samples.append(self._read_mig(dev, m, card))
+            except DeviceLost:
+                raise  # the whole card
+            except Exception as e:  # a surprise on one MIG device costs only its values
+                self._errors.count("sample_device", error_name(e))
+                samples.append(absent_mig(dev, m, lost=False))
+        return tuple(samples)
+
+    def _read_mig(self, dev: Device, m: Mig, card: dict[str, int | None]) -> DeviceSample:
+        if m.handle is None:
+            return absent_mig(dev, m, lost=False)
+        if not m.identity_ok:
+            self._identity.read_mig_identity(m)
+        return DeviceSample(
+            index=dev.index,
+            uuid=m.uuid,
+            name=m.name,
+            minor_number=dev.minor_number,
+            pci_bus_id=dev.pci_bus_id,
+            **self._fields.handle_values(m),
+            parent_uuid=dev.uuid,
+            gpu_instance_id=m.gpu_instance_id,
+            compute_instance_id=m.compute_instance_id,
+            mig_profile=m.profile,
+            **card,
+        )
