@@ -16,9 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
+from exporter.xid.dedup import NVML_DEDUP_WINDOW_SECONDS, XidDedup
 from exporter.xid.events_writer import EventsWriter
 from exporter.xid.nvml_events import NvmlXid, NvmlXidSource
-from exporter.xid.watcher import NVML_DEDUP_WINDOW_SECONDS, XidDedup, XidStats, XidWatcher, xid_metric_families
+from exporter.xid.stats import XidStats, xid_metric_families
+from exporter.xid.watcher import XidWatcher
 from tests.fake_nvml import FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
 from tests.k8s_double import ApiServerDouble, api_client_for
 from tests.k8s_double import poll_until as _poll_until

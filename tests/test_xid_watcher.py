@@ -14,17 +14,14 @@ from kubernetes.client import EventsV1Api
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
+from exporter.xid.dedup import is_fallen_echo
 from exporter.xid.events import PlannerConfig
 from exporter.xid.events_writer import EventsWriter
 from exporter.xid.kmsg import KmsgReader, parse_record
 from exporter.xid.parse import XidReport
-from exporter.xid.watcher import (
-    XidStats,
-    XidWatcher,
-    is_fallen_echo,
-    replay_start,
-    xid_metric_families,
-)
+from exporter.xid.reader import replay_start
+from exporter.xid.stats import XidStats, xid_metric_families
+from exporter.xid.watcher import XidWatcher
 from tests.k8s_double import ApiServerDouble, api_client_for, poll_until
 from tests.k8s_double.events_validation import EVENTS_V1
 

@@ -205,7 +205,8 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
     if not cfg.xid or (kmsg_path is None and not nvml_events):
         return list
     from exporter.xid.parse import gpu_for_xid
-    from exporter.xid.watcher import XidWatcher, xid_metric_families
+    from exporter.xid.stats import xid_metric_families
+    from exporter.xid.watcher import XidWatcher
 
     def resolve_bus_id(bus: str, gpu_instance: int | None):
         return gpu_for_xid(holder.get().devices, bus, gpu_instance)

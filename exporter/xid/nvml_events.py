@@ -12,7 +12,7 @@ A thin thread around NVML's event API (see docs/xid.md, "Second source: NVML eve
   session and reopens it after a backoff (e.g. GPU_IS_LOST once a GPU fell off the bus).
 * Each Xid goes to the ``handoff`` callable as an :class:`NvmlXid` (GPU identity read at
   registration, Xid, MIG instance, time received). The watcher deduplicates it against the kernel
-  log (``exporter.xid.watcher.XidDedup``). Events before registration are never delivered by NVML.
+  log (``exporter.xid.dedup.XidDedup``). Events before registration are never delivered by NVML.
 
 Per-device failures are not retried within a session: NotSupported is permanent and a lost GPU
 does not come back without a reset.
