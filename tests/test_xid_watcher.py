@@ -126,6 +126,24 @@ def test_every_variant_counted_with_gpu_and_pod(stop_later: list) -> None:
     assert set(stats.last_xid_time) == {k[:2] for k in EXPECTED_VARIANTS}
 
 
+def test_old_drivers_doubled_fallen_off_the_bus_counts_once(tmp_path: Path, stop_later: list) -> None:
+    """Old drivers print the numberless line twice, microseconds apart: one incident. Seconds apart: two."""
+    path = tmp_path / "kmsg"
+    path.write_bytes(
+        b"3,1,1000000000,-;NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.\n"
+        b"3,2,1000000004,-;NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.\n"
+        b"3,3,1000000010,-;NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n"  # the other variant, same GPU
+        b"3,4,1000000020,-;NVRM: GPU at PCI:0000:2b:00: GPU has fallen off the bus.\n"  # another GPU
+        b"3,5,1005000000,-;NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.\n"  # 5 s later: new incident
+        b"3,6,1005000003,-;NVRM: GPU at PCI:0000:3b:00: GPU has fallen off the bus.\n"
+    )
+    w = watcher(path, replay_from_start=True, stop_later=stop_later)
+    stats = wait_records(w, 6)
+    assert Counter(dict(stats.xid_counts)) == Counter(
+        {(UUID_3B, 0, 79, "", "", ""): 2, ("GPU-2b", 2, 79, "", "", ""): 1})
+    assert stats.skips == {"fallen_off_bus_echo": 3}
+
+
 def test_garbage_never_stops_the_watcher(tmp_path: Path, stop_later: list) -> None:
     path = tmp_path / "kmsg"
     path.write_bytes((DATA / "garbage.kmsg").read_bytes())
@@ -193,6 +211,11 @@ def test_fallen_echo_rule() -> None:
     assert not is_fallen_echo(numberless, 5_000_000, {"0000:2b:00": 1_000_000})  # another GPU
     assert is_fallen_echo(XidReport(79, None, numbered=False), 5_000_000, {"0000:2b:00": 1_000_000})
     assert not is_fallen_echo(XidReport(79, "0000:3b:00"), 5_000_000, {"0000:3b:00": 1_000_000})
+    # a numberless copy of a numberless report: within a second it is the same incident
+    assert is_fallen_echo(numberless, 1_000_004, {}, {"0000:3b:00": 1_000_000})
+    assert not is_fallen_echo(numberless, 3_000_000, {}, {"0000:3b:00": 1_000_000})
+    assert not is_fallen_echo(numberless, 1_000_004, {}, {"0000:2b:00": 1_000_000})
+    assert is_fallen_echo(numberless, 1_000_004, {}, {None: 1_000_000})  # an addressless report covers any GPU
 
 
 # ---------------------------------------------------------------- EPIPE and the device

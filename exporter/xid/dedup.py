@@ -10,11 +10,16 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
+from exporter.model import EMPTY
 from exporter.xid.parse import FALLEN_OFF_BUS_XID, XidReport
 
 # The driver prints "GPU ... has fallen off the bus" right after the Xid 79 line of the same GPU;
 # within this much kmsg time it is the same incident and is not counted twice.
 FALLEN_ECHO_WINDOW_USEC = 10_000_000
+# Older drivers print the numberless "GPU at PCI:<bus>: GPU has fallen off the bus." line twice,
+# microseconds apart, for one incident. A second numberless report of the same GPU within this much
+# kmsg time is that copy; two real incidents (seconds apart) both count.
+FALLEN_REPEAT_WINDOW_USEC = 1_000_000
 # An NVML Xid and a kernel-log Xid of the same GPU and code this close in time (as the exporter
 # received them) are one incident. Both come from the same driver call; 10 s covers the kmsg poll
 # interval and a busy exporter with room to spare, and pairing is one-to-one, so a genuine repeat
@@ -26,29 +31,43 @@ DedupKey = tuple[str, int]  # (PCI address in the log's form, Xid)
 T = TypeVar("T")
 
 
-def is_fallen_echo(report: XidReport, ts_usec: int, last_xid79: Mapping[str, int]) -> bool:
-    """Whether a numberless "fallen off the bus" report repeats an Xid 79 just counted."""
+def _recent(pci: str | None, ts_usec: int, last: Mapping[str | None, int], window: int) -> bool:
+    """Whether ``last`` holds a time of this GPU (any GPU when either has no address) within ``window``."""
+    if pci is not None:
+        times: Sequence[int] = [t for key in (pci, None) if (t := last.get(key)) is not None]
+    else:
+        times = list(last.values())  # no address: any GPU's fresh report explains it
+    return any(0 <= ts_usec - t <= window for t in times)
+
+
+def is_fallen_echo(report: XidReport, ts_usec: int, last_xid79: Mapping[str | None, int],
+                   last_numberless: Mapping[str | None, int] = EMPTY) -> bool:
+    """Whether a numberless "fallen off the bus" report repeats one just counted.
+
+    It repeats a numbered Xid 79 of the same GPU within :data:`FALLEN_ECHO_WINDOW_USEC`, or a
+    numberless report of the same GPU within :data:`FALLEN_REPEAT_WINDOW_USEC` (the old drivers' copy).
+    """
     if report.numbered:
         return False
-    if report.pci is not None:
-        times: Sequence[int] = [last_xid79[report.pci]] if report.pci in last_xid79 else []
-    else:
-        times = list(last_xid79.values())  # no address: any GPU's fresh Xid 79 explains it
-    return any(0 <= ts_usec - t <= FALLEN_ECHO_WINDOW_USEC for t in times)
+    return (_recent(report.pci, ts_usec, last_xid79, FALLEN_ECHO_WINDOW_USEC)
+            or _recent(report.pci, ts_usec, last_numberless, FALLEN_REPEAT_WINDOW_USEC))
 
 
 class FallenEchoFilter:
     """Remembers each GPU's latest counted Xid 79 (kmsg time) to recognise its fallen-off-the-bus echo."""
 
     def __init__(self) -> None:
-        self._last_xid79: dict[str, int] = {}
+        self._last_xid79: dict[str | None, int] = {}
+        self._last_numberless: dict[str | None, int] = {}  # counted numberless reports, by GPU
 
     def is_echo(self, report: XidReport, ts_usec: int) -> bool:
-        """True when ``report`` only echoes a fresh Xid 79; otherwise note it if it is an Xid 79."""
-        if is_fallen_echo(report, ts_usec, self._last_xid79):
+        """True when ``report`` only echoes a fresh fall of its GPU; otherwise note it if it is one."""
+        if is_fallen_echo(report, ts_usec, self._last_xid79, self._last_numberless):
             return True
         if report.numbered and report.xid == FALLEN_OFF_BUS_XID and report.pci:
             self._last_xid79[report.pci] = ts_usec
+        elif not report.numbered:
+            self._last_numberless[report.pci] = ts_usec
         return False
 
 
