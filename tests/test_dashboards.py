@@ -23,8 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.bundle import dashboards as dashboardsgen
-from exporter.bundle.dashboards import DASHBOARDS, DATASOURCE, UNITS, DashboardOptions, DashboardOptionsError
+from exporter.bundle.dashboards import cli as dashboards_cli
+from exporter.bundle.dashboards.options import DashboardOptions, DashboardOptionsError
+from exporter.bundle.dashboards.panels import DATASOURCE, UNITS
+from exporter.bundle.dashboards.render import DASHBOARDS, render_configmaps, render_dashboards
 from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import (
     PROMETHEUS,
@@ -55,7 +57,7 @@ CUSTOM = DashboardOptions(
 
 
 def _boards(opts: DashboardOptions) -> dict[str, dict[str, Any]]:
-    return {name: json.loads(text) for name, text in dashboardsgen.render_dashboards(opts).items()}
+    return {name: json.loads(text) for name, text in render_dashboards(opts).items()}
 
 
 RENDERINGS = {
@@ -93,7 +95,7 @@ def _reads(expr: str) -> set[str]:
 
 
 def test_committed_json_is_fresh(tmp_path: Path) -> None:
-    assert dashboardsgen.main(["-o", str(tmp_path)]) == 0
+    assert dashboards_cli.main(["-o", str(tmp_path)]) == 0
     fresh = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
     committed = {p.name: p.read_text() for p in DASHBOARD_DIR.glob("*.json")}
     assert sorted(fresh) == sorted(committed) == sorted(f"kube-gpu-{n}.json" for n in DASHBOARDS)
@@ -105,7 +107,7 @@ def test_committed_json_is_fresh(tmp_path: Path) -> None:
 
 def test_committed_configmaps_are_fresh(tmp_path: Path) -> None:
     out = tmp_path / "cm.yaml"
-    assert dashboardsgen.main(["--format=configmap", "-o", str(out)]) == 0
+    assert dashboards_cli.main(["--format=configmap", "-o", str(out)]) == 0
     assert (ROOT / CONFIGMAP).read_text() == out.read_text(), (
         f"{CONFIGMAP} is stale: regenerate with `kube-gpu-exporter dashboards --format configmap -o {CONFIGMAP}`"
     )
@@ -122,8 +124,8 @@ def test_configmaps_carry_the_json_files_for_the_grafana_sidecar() -> None:
         assert text == (DASHBOARD_DIR / file_name).read_text()
         # under kubectl's client-side apply annotation limit, and far under a ConfigMap's 1 MiB
         assert len(text.encode()) < 256 * 1024
-    custom = list(yaml.safe_load_all(dashboardsgen.render_configmaps(DashboardOptions(), "monitoring",
-                                                                      {"team": "ml"})))  # fmt: skip
+    custom = list(yaml.safe_load_all(render_configmaps(DashboardOptions(), "monitoring",
+                                                       {"team": "ml"})))  # fmt: skip
     assert all(d["metadata"]["namespace"] == "monitoring" for d in custom)
     assert all(d["metadata"]["labels"] == {"grafana_dashboard": "1", "team": "ml"} for d in custom)
 
@@ -265,7 +267,7 @@ def test_queries_read_only_exporter_families_and_recorded_series() -> None:
     ],
 )
 def test_bad_options_exit_2_naming_the_option(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
-    assert_cli_error(dashboardsgen.main, "dashboards", argv, message, capsys)
+    assert_cli_error(dashboards_cli.main, "dashboards", argv, message, capsys)
 
 
 def test_options_change_the_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -283,7 +285,7 @@ def test_options_change_the_output(capsys: pytest.CaptureFixture[str]) -> None:
             "--time-from=now-1d --tag=ml --tag=gpu`") in board["description"]  # fmt: skip
     assert DashboardOptions(uid_prefix="x" * 30).to_args() == ["--uid-prefix=" + "x" * 30]
     with pytest.raises(DashboardOptionsError):
-        dashboardsgen.render_dashboards(DashboardOptions(uid_prefix="x" * 31))
+        render_dashboards(DashboardOptions(uid_prefix="x" * 31))
 
 
 # ------------------------------------------------------------------ every query on a real Prometheus
@@ -430,6 +432,6 @@ def test_docs_describe_every_panel_variable_and_option() -> None:
             assert f"**{p['title']}**" in section_text, f"{board['title']}: panel {p['title']!r} undocumented"
         for var in _variables(board):
             assert f"`{var['query']}`" in doc, var["query"]
-    assert not undocumented_flags(dashboardsgen.build_parser(), doc)
+    assert not undocumented_flags(dashboards_cli.build_parser(), doc)
     assert "kube-gpu-exporter dashboards -o dashboards\n" in doc
     assert f"kube-gpu-exporter dashboards --format configmap -o {CONFIGMAP}\n" in doc

@@ -21,7 +21,8 @@ import yaml
 
 from exporter.bundle.alerts.cli import render_alerts
 from exporter.bundle.alerts.options import DEFAULT_RUNBOOK_URL, AlertOptions
-from exporter.bundle.dashboards import DashboardOptions, render_dashboards
+from exporter.bundle.dashboards.options import DashboardOptions
+from exporter.bundle.dashboards.render import render_dashboards
 from exporter.bundle.rules import RuleOptions, render_rules
 from tests.test_helm import (
     ALERT_RULES,

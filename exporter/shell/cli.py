@@ -264,7 +264,7 @@ def _serve(daemon: Daemon) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     generators = {"rules": "exporter.bundle.rules", "alerts": "exporter.bundle.alerts.cli",
-                  "dashboards": "exporter.bundle.dashboards"}
+                  "dashboards": "exporter.bundle.dashboards.cli"}
     if args and args[0] in generators:
         import importlib
         return importlib.import_module(generators[args[0]]).main(args[1:])
