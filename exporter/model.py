@@ -106,7 +106,7 @@ class ContainerInfo:
     """A container of a pod as the API describes it."""
 
     name: str
-    index: int  # position in spec.containers (annotations of some schemes are indexed)
+    index: int  # position in spec.containers (or spec.initContainers); some schemes index annotations by it
     container_id: str | None  # 64 hex, runtime prefix stripped; None until started
     limits: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     requests: Mapping[str, str] = field(default_factory=lambda: EMPTY)
@@ -128,6 +128,8 @@ class PodInfo:
     workload_kind: str = "Pod"
     workload_name: str = ""
     resource_version: str = ""
+    # spec.initContainers, in order: not attributed, but some schemes number their annotations over them
+    init_containers: tuple[ContainerInfo, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

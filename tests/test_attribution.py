@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -189,6 +190,106 @@ def test_hami_second_container_segment():
     p = pod(1, {"nvidia.com/gpu": "1"}, ann, containers=2)
     a = run([gpu(0)], {}, Pods.of(p))
     assert [(x.container, x.compute_percent) for x in a.allocations] == [("c1", 10.0)]
+
+
+def with_init(p: PodInfo, *init_limits: dict[str, str]) -> PodInfo:
+    """``p`` with init containers ``i0, i1, ...`` (their limits as given)."""
+    init = tuple(ContainerInfo(f"i{k}", k, None, MappingProxyType(lim)) for k, lim in enumerate(init_limits))
+    return replace(p, init_containers=init)
+
+
+@pytest.mark.parametrize("annotation", [
+    ";GPU-0,NVIDIA,1000,10:;GPU-1,NVIDIA,2000,20:;",  # HAMi >= 2.9: the init container's segment first
+    "GPU-0,NVIDIA,1000,10:;GPU-1,NVIDIA,2000,20:;",  # older HAMi: containers only
+])
+def test_hami_segments_map_to_containers_in_both_layouts(annotation):
+    p = with_init(pod(1, {"nvidia.com/gpu": "1"}, {"hami.io/vgpu-devices-allocated": annotation}, containers=2), {})
+    a = run([gpu(0), gpu(1)], {}, Pods.of(p))
+    assert [(x.container, x.uuid, x.compute_percent, x.memory_bytes) for x in a.allocations] == [
+        ("c0", "GPU-0", 10.0, 1000 * MIB), ("c1", "GPU-1", 20.0, 2000 * MIB)]
+
+
+def test_hami_init_container_holding_a_gpu_segment_shifts_the_containers():
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,10:;GPU-1,NVIDIA,2000,20:;"}
+    p = with_init(pod(1, {"nvidia.com/gpu": "1"}, ann), {"nvidia.com/gpu": "1"})
+    a = run([gpu(0), gpu(1)], {}, Pods.of(p))
+    assert [(x.container, x.uuid) for x in a.allocations] == [("c0", "GPU-1")]
+
+
+def test_hami_layout_from_which_containers_request_gpus_when_the_count_fits_neither():
+    # one segment for 1 init + 2 containers: only the old layout gives it to a GPU container
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,10:"}
+    p = with_init(pod(1, {"nvidia.com/gpu": "1"}, ann, containers=2), {})
+    result = compute_allocations([p], [gpu(0)], {})
+    assert [(x.container, x.uuid) for x in result.allocations] == [("c0", "GPU-0")]
+    assert result.skips == {}
+
+
+def test_hami_unreadable_layout_is_a_counted_skip_not_a_guess():
+    # 1 init + 2 containers, 4 segments: fits neither count, and both layouts put a segment on a GPU-less container
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,10:;GPU-1,NVIDIA,1000,10:;;GPU-1,NVIDIA,1,1:;"}
+    p = with_init(pod(1, {"nvidia.com/gpu": "1"}, ann, containers=2), {})
+    result = compute_allocations([p], [gpu(0), gpu(1)], {})
+    assert result.skips == {"hami_annotation_layout_unknown": 2}
+    assert [x.uuid for x in result.allocations] == [None, None]  # placed by processes, if any
+
+
+def test_hami_to_allocate_stands_in_for_the_allocated_annotation():
+    p = pod(1, {"nvidia.com/gpu": "1"}, {"hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,3000,30:;"})
+    a = run([gpu(0), gpu(1)], {}, Pods.of(p))
+    assert [(x.uuid, x.compute_percent) for x in a.allocations] == [("GPU-1", 30.0)]
+
+
+def mig(uuid: str, parent: str, total: int, procs=()) -> DeviceSample:
+    return replace(gpu(0, procs), uuid=uuid, parent_uuid=parent, memory_total_bytes=total, mig_profile="1g.24gb")
+
+
+def test_hami_dynamic_mig_attributes_to_the_mig_instance_not_the_parent():
+    migs = json.dumps([{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-P", "profile": "1g.24gb",
+                        "placement": {"start": 9, "size": 3}, "migUUID": "MIG-aaaa", "gpuInstanceID": 6,
+                        "computeInstanceID": 0}])
+    p = pod(1, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"},
+            {"hami.io/vgpu-devices-allocated": "GPU-P,NVIDIA,8000,0:;", "hami.io/vgpu-mig-allocations": migs})
+    devices = [mig("MIG-aaaa", "GPU-P", 24 * GIB, ((100, GIB, 30),)), mig("MIG-bbbb", "GPU-P", 24 * GIB)]
+    allocs = compute_allocations([p], devices, {})
+    assert allocs.skips == {}
+    a = attribute(NodeSample(1.0, tuple(devices)), {100: in_pod(1)}, Pods.of(p), allocs.allocations)
+    assert [(x.uuid, x.allocate_mode, x.memory_bytes) for x in a.allocations] == [("MIG-aaaa", EXCLUSIVE, 24 * GIB)]
+    assert [d.mode for d in a.devices] == [EXCLUSIVE, NONE]
+
+
+def test_hami_mig_instance_not_created_yet_is_placed_by_processes():
+    migs = json.dumps([{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-P", "profile": "1g.24gb"}])
+    p = pod(1, {"nvidia.com/gpu": "1"},
+            {"hami.io/vgpu-devices-allocated": "GPU-P,NVIDIA,8000,0:;", "hami.io/vgpu-mig-allocations": migs})
+    devices = [mig("MIG-aaaa", "GPU-P", 24 * GIB, ((100, GIB, 30),))]
+    allocs = compute_allocations([p], devices, {})
+    assert allocs.skips == {"hami_mig_instance_unknown": 1}
+    a = attribute(NodeSample(1.0, tuple(devices)), {100: in_pod(1)}, Pods.of(p), allocs.allocations)
+    assert [x.uuid for x in a.allocations] == ["MIG-aaaa"]
+
+
+@pytest.mark.parametrize("raw", ["not json", "{}", "[1]", '[{"containerIndex": "0"}]', "[" + "{}," * 100 + "{}]"])
+def test_hami_malformed_mig_annotation_is_a_counted_skip(raw):
+    p = pod(1, {"nvidia.com/gpu": "1"},
+            {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,8000,0:;", "hami.io/vgpu-mig-allocations": raw})
+    result = compute_allocations([p], [gpu(0)], {})
+    assert result.skips == {"malformed_hami_mig_annotation": 1}
+    assert [x.uuid for x in result.allocations] == ["GPU-0"]
+
+
+_hami_text = st.lists(st.sampled_from(["GPU-0", "GPU-1", ",", "NVIDIA", ":", ";", "100", "-5", "x", "0"]),
+                      max_size=30).map("".join)
+
+
+@given(annotation=_hami_text, n_init=st.integers(0, 2), n_main=st.integers(1, 3),
+       init_gpu=st.booleans())
+def test_hami_any_annotation_places_only_on_listed_gpus(annotation, n_init, n_main, init_gpu):
+    p = with_init(pod(1, {"nvidia.com/gpu": "1"}, {"hami.io/vgpu-devices-allocated": annotation}, containers=n_main),
+                  *([{"nvidia.com/gpu": "1"} if init_gpu else {}] * n_init))
+    result = compute_allocations([p], [gpu(0), gpu(1)], {})
+    assert {x.uuid for x in result.allocations} <= {"GPU-0", "GPU-1", None}
+    assert {x.container for x in result.allocations} <= {c.name for c in p.containers}
 
 
 @pytest.mark.parametrize("labels,ids,scheme,compute", [

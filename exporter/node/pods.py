@@ -123,8 +123,8 @@ def parse_container_id(raw: Any) -> tuple[str | None, str | None]:
     return ident.lower(), None
 
 
-def _container_ids(status: Mapping[str, Any], issues: list[str]) -> dict[str, str]:
-    statuses = status.get("containerStatuses")
+def _container_ids(status: Mapping[str, Any], issues: list[str], field: str = "containerStatuses") -> dict[str, str]:
+    statuses = status.get(field)
     if statuses is None:
         return {}
     if not isinstance(statuses, list):
@@ -208,28 +208,15 @@ def parse_pod(obj: Any) -> tuple[PodInfo, tuple[str, ...]]:
     raw_containers = spec.get("containers")
     if not isinstance(raw_containers, list):
         raise MalformedPod("containers_invalid", "spec.containers is not a list")
+    raw_init = spec.get("initContainers")
+    if raw_init is None:
+        raw_init = []
+    if not isinstance(raw_init, list):
+        raise MalformedPod("containers_invalid", "spec.initContainers is not a list")
     issues: list[str] = []
-    ids = _container_ids(status, issues)
-    containers: list[ContainerInfo] = []
-    for index, c in enumerate(raw_containers):
-        if not isinstance(c, Mapping) or not isinstance(c.get("name"), str) or not c["name"]:
-            # Indexes of the others would shift, and schemes key annotations by index: refuse the pod.
-            raise MalformedPod("containers_invalid", f"spec.containers[{index}] has no name")
-        resources = c.get("resources")
-        if resources is not None and not isinstance(resources, Mapping):
-            issues.append("resources_invalid")
-            resources = None
-        resources = resources or EMPTY
-        containers.append(
-            ContainerInfo(
-                name=c["name"],
-                index=index,
-                container_id=ids.get(c["name"]),
-                limits=_quantities(resources.get("limits"), issues),
-                requests=_quantities(resources.get("requests"), issues),
-                env=_env(c.get("env"), issues),
-            )
-        )
+    containers = _containers(raw_containers, "containers", _container_ids(status, issues), issues)
+    init_ids = _container_ids(status, issues, "initContainerStatuses")
+    init_containers = _containers(raw_init, "initContainers", init_ids, issues)
     kind, workload = resolve_workload(obj)
     pod = PodInfo(
         uid=uid.lower(),  # cgroup paths give lowercase UIDs
@@ -243,8 +230,34 @@ def parse_pod(obj: Any) -> tuple[PodInfo, tuple[str, ...]]:
         workload_kind=kind,
         workload_name=workload,
         resource_version=_optional_str(meta.get("resourceVersion")),
+        init_containers=init_containers,
     )
     return pod, tuple(issues)
+
+
+def _containers(raw: list[Any], field: str, ids: Mapping[str, str], issues: list[str]) -> tuple[ContainerInfo, ...]:
+    """``spec.<field>`` -> containers in order; a nameless entry refuses the pod (indexes would shift)."""
+    out: list[ContainerInfo] = []
+    for index, c in enumerate(raw):
+        if not isinstance(c, Mapping) or not isinstance(c.get("name"), str) or not c["name"]:
+            # Indexes of the others would shift, and schemes key annotations by index: refuse the pod.
+            raise MalformedPod("containers_invalid", f"spec.{field}[{index}] has no name")
+        resources = c.get("resources")
+        if resources is not None and not isinstance(resources, Mapping):
+            issues.append("resources_invalid")
+            resources = None
+        resources = resources or EMPTY
+        out.append(
+            ContainerInfo(
+                name=c["name"],
+                index=index,
+                container_id=ids.get(c["name"]),
+                limits=_quantities(resources.get("limits"), issues),
+                requests=_quantities(resources.get("requests"), issues),
+                env=_env(c.get("env"), issues),
+            )
+        )
+    return tuple(out)
 
 
 def pod_from_api(obj: Mapping[str, Any]) -> PodInfo:

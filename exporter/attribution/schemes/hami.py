@@ -1,11 +1,23 @@
 """HAMi: annotation ``hami.io/vgpu-devices-allocated`` or ``nvidia.com/gpumem``/``gpucores``.
 
 The annotation holds ``UUID,NVIDIA,<memMiB>,<cores>:`` entries per container, containers
-separated by ``;``.
+separated by ``;`` (``hami.io/vgpu-devices-to-allocate``, the scheduler's copy, stands in while
+the first is absent). HAMi >= 2.9 numbers the segments over ``spec.initContainers`` first, then
+``spec.containers``; older HAMi over ``spec.containers`` only. The layout is read from the pod
+itself (see :func:`segment_offset`), never from a version flag.
+
+Dynamic MIG: the devices annotation names the parent GPU, while the MIG instance the container
+runs on is in ``hami.io/vgpu-mig-allocations`` (JSON list of ``containerIndex``, ``deviceIndex``,
+``gpuUUID``, ``profile``, ``migUUID``, ``gpuInstanceID``, ``computeInstanceID``; the device
+plugin fills ``migUUID`` in once the instance exists). ``containerIndex`` counts as the devices
+annotation's segments do, ``deviceIndex`` is the entry's place in its segment. NVML lists the
+MIG device, so the allocation is placed on it, whole.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from exporter.attribution.schemes.base import MIB, Allocation, NodeContext, Scheme, amount
@@ -17,15 +29,27 @@ HAMI_MEM = "nvidia.com/gpumem"
 HAMI_MEM_PERCENT = "nvidia.com/gpumem-percentage"
 HAMI_CORES = "nvidia.com/gpucores"
 HAMI_ANNOTATION = "hami.io/vgpu-devices-allocated"
+HAMI_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+HAMI_MIG_ANNOTATION = "hami.io/vgpu-mig-allocations"
+GPU_RESOURCES = (NVIDIA_GPU, HAMI_MEM, HAMI_MEM_PERCENT, HAMI_CORES)
+MAX_ANNOTATION_BYTES = 64 * 1024  # a pod's author writes annotations: bound what is parsed
+MAX_MIG_ENTRIES = 64
 
 Entry = tuple[str, int, int]  # (GPU uuid, memory MiB, cores percent)
 
 
 @lru_cache(maxsize=1024)  # one parse per pod annotation, not per container
 def hami_entries(annotation: str) -> tuple[tuple[Entry, ...], ...]:
-    """``UUID,NVIDIA,<memMiB>,<cores>:`` entries per container, containers split by ``;``."""
-    per_container: list[tuple[Entry, ...]] = []
-    for segment in annotation.split(";"):
+    """``UUID,NVIDIA,<memMiB>,<cores>:`` entries per segment, segments split by ``;``.
+
+    The text after the last ``;`` is no segment (HAMi ends every segment with ``;``); without any
+    ``;`` the whole text is one segment.
+    """
+    segments = annotation.split(";")
+    if len(segments) > 1 and not segments[-1].strip():
+        segments = segments[:-1]
+    per_segment: list[tuple[Entry, ...]] = []
+    for segment in segments:
         entries = []
         for entry in segment.split(":"):
             parts = entry.split(",")
@@ -35,26 +59,68 @@ def hami_entries(annotation: str) -> tuple[tuple[Entry, ...], ...]:
                 entries.append((parts[0].strip(), int(parts[2]), int(parts[3])))
             except ValueError:
                 continue
-        per_container.append(tuple(entries))
-    return tuple(per_container)
+        per_segment.append(tuple(entries))
+    return tuple(per_segment)
+
+
+def _requests_gpu(c: ContainerInfo) -> bool:
+    return any(amount(c, r) for r in GPU_RESOURCES)
+
+
+def segment_offset(pod: PodInfo, segments: Sequence[Sequence[Entry]]) -> int | None:
+    """Where ``spec.containers[0]``'s segment is: 0 (containers only) or len(initContainers); None if unknown.
+
+    The segment count tells the layouts apart (init + containers, or containers alone); when it
+    fits neither, the layout whose non-empty segments all belong to containers that request GPU
+    resources wins, and when both or neither do, the annotation cannot be read safely.
+    """
+    n_init, n_main = len(pod.init_containers), len(pod.containers)
+    if not n_init:
+        return 0
+    if len(segments) == n_init + n_main:
+        return n_init
+    if len(segments) == n_main:
+        return 0
+
+    def fits(owners: Sequence[ContainerInfo]) -> bool:
+        """Every non-empty segment belongs to a container of ``owners`` that requests GPU resources."""
+        return all(not seg or (i < len(owners) and _requests_gpu(owners[i])) for i, seg in enumerate(segments))
+
+    new, old = fits((*pod.init_containers, *pod.containers)), fits(pod.containers)
+    if new != old:
+        return n_init if new else 0
+    return None
 
 
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
-    return HAMI_ANNOTATION in pod.annotations or bool(
+    return HAMI_ANNOTATION in pod.annotations or HAMI_TO_ALLOCATE in pod.annotations or bool(
         amount(c, HAMI_MEM) or amount(c, HAMI_CORES) or amount(c, HAMI_MEM_PERCENT))
 
 
 def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
-    raw = pod.annotations.get(HAMI_ANNOTATION)
-    entries = hami_entries(raw) if raw else ()
-    totals = {d.uuid: d.memory_total_bytes for d in node.devices}
-    mine = entries[c.index] if c.index < len(entries) else ()
-    if not mine and entries:
-        return []  # the scheduler allocated this pod and gave this container nothing
-    if not mine:
+    raw = pod.annotations.get(HAMI_ANNOTATION) or pod.annotations.get(HAMI_TO_ALLOCATE)
+    if raw and len(raw) > MAX_ANNOTATION_BYTES:
+        node.skip("hami_annotation_too_large")
+        raw = None
+    segments = hami_entries(raw) if raw else ()
+    if not segments:
         return _unscheduled(pod, c)
+    offset = segment_offset(pod, segments)
+    if offset is None:
+        node.skip("hami_annotation_layout_unknown")
+        return _unscheduled(pod, c)
+    position = offset + c.index
+    mine = segments[position] if position < len(segments) else ()
+    if not mine:
+        return []  # the scheduler allocated this pod and gave this container nothing
+    migs = _mig_instances(node, pod, position)
+    totals = {d.uuid: d.memory_total_bytes for d in node.devices}
     out = []
-    for uuid, mem_mib, cores in mine:
+    for device_index, (uuid, mem_mib, cores) in enumerate(mine):
+        mig = migs.get(device_index)
+        if mig is not None:
+            out.append(_on_mig(node, pod, c, mig))
+            continue
         if uuid not in totals:
             node.skip("annotation_unknown_gpu_uuid")
         total = totals.get(uuid)
@@ -64,6 +130,51 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
         out.append(Allocation(pod.uid, c.name, SCHEME_HAMI, whole, uuid if uuid in totals else None,
                               float(cores) if cores > 0 else None, memory))
     return out
+
+
+def _on_mig(node: NodeContext, pod: PodInfo, c: ContainerInfo, mig: Mapping[str, object]) -> Allocation:
+    """The MIG instance HAMi created for this device: whole (its memory is the instance's)."""
+    mig_uuid = mig.get("migUUID")
+    if isinstance(mig_uuid, str) and mig_uuid in node.uuids:
+        return Allocation(pod.uid, c.name, SCHEME_HAMI, True, mig_uuid, 100.0, None)
+    # Not created yet, or NVML does not list it: placed later by the container's processes.
+    node.skip("hami_mig_instance_unknown")
+    return Allocation(pod.uid, c.name, SCHEME_HAMI, True, None, 100.0, None)
+
+
+def _mig_instances(node: NodeContext, pod: PodInfo, position: int) -> dict[int, Mapping[str, object]]:
+    """This segment's MIG reservations by device index (its place within the segment)."""
+    raw = pod.annotations.get(HAMI_MIG_ANNOTATION)
+    if not raw:
+        return {}
+    entries = _parse_mig(raw)
+    if entries is None:
+        node.skip("malformed_hami_mig_annotation")
+        return {}
+    mine = [e for e in entries if e.get("containerIndex") == position]
+    out: dict[int, Mapping[str, object]] = {}
+    for order, e in enumerate(mine):
+        index = e.get("deviceIndex", order)
+        out[index if isinstance(index, int) else order] = e
+    return out
+
+
+@lru_cache(maxsize=256)
+def _parse_mig(raw: str) -> tuple[Mapping[str, object], ...] | None:
+    """The MIG reservations, or None when the annotation is not a bounded JSON list of objects."""
+    if len(raw) > MAX_ANNOTATION_BYTES:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_MIG_ENTRIES or not all(isinstance(e, dict) for e in value):
+        return None
+    for e in value:
+        ci = e.get("containerIndex")
+        if not isinstance(ci, int) or isinstance(ci, bool) or ci < 0:
+            return None
+    return tuple(value)
 
 
 def _unscheduled(pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
