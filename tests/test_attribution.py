@@ -148,6 +148,35 @@ def test_gpushare_allocation_annotation_json_places_per_container():
     assert [d.mode for d in a.devices] == [NONE, SHARE]
 
 
+@pytest.mark.parametrize("capacity,asked,expected,skips", [
+    # --memory-unit=MiB: capacity per GPU is the card's MiB, so 1000 means 1000 MiB
+    ({"aliyun.com/gpu-mem": str(2 * 16384), "aliyun.com/gpu-count": "2"}, "1000", 1000 * MIB, {}),
+    # the default GiB unit: capacity per GPU is the card's GiB
+    ({"aliyun.com/gpu-mem": "32", "aliyun.com/gpu-count": "2"}, "3", 3 * GIB, {}),
+    # gpu-count absent: the GPUs NVML lists
+    ({"aliyun.com/gpu-mem": str(2 * 16384)}, "2048", 2 * GIB, {}),
+    # no capacity: GiB unless GiB cannot fit the card
+    ({}, "4", 4 * GIB, {}),
+    ({}, "1000", 1000 * MIB, {"gpushare_memory_unit_mib_by_size": 1}),
+    # never larger than the card, whatever the unit says
+    ({"aliyun.com/gpu-mem": "32", "aliyun.com/gpu-count": "2"}, "100", TOTAL, {"gpushare_allocation_exceeds_card": 1}),
+])
+def test_gpushare_memory_unit_from_the_node_capacity(capacity, asked, expected, skips):
+    p = pod(1, {"aliyun.com/gpu-mem": asked}, {"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    result = compute_allocations([p], [gpu(0), gpu(1)], {}, None, capacity)
+    assert [(x.uuid, x.memory_bytes) for x in result.allocations] == [("GPU-1", expected)]
+    assert result.skips == skips
+
+
+@given(request=st.integers(0, 10**7), capacity=st.one_of(st.none(), st.integers(1, 10**7)),
+       placed=st.booleans())
+def test_gpushare_never_allocates_more_than_the_card(request, capacity, placed):
+    p = pod(1, {"aliyun.com/gpu-mem": str(request)}, {"ALIYUN_COM_GPU_MEM_IDX": "0"} if placed else {})
+    cap = {} if capacity is None else {"aliyun.com/gpu-mem": str(capacity)}
+    result = compute_allocations([p], [gpu(0)], {}, None, cap)
+    assert all(0 <= (x.memory_bytes or 0) <= TOTAL for x in result.allocations)
+
+
 def test_vcuda_fractional_is_share_and_whole_is_exclusive():
     frac = pod(1, {"tencent.com/vcuda-core": "40", "tencent.com/vcuda-memory": "8"},
                {"tencent.com/predicate-gpu-idx-0": "0"})

@@ -32,6 +32,7 @@ def compute_allocations(
     devices: Sequence[DeviceSample],
     node_labels: Mapping[str, str],
     pod_resources: Iterable[PodResources] | None = None,
+    node_capacity: Mapping[str, str] | None = None,
 ) -> AllocationResult:
     """Every container's GPU allocations on this node, placed on a GPU where known."""
     skips: dict[str, int] = {}
@@ -39,7 +40,7 @@ def compute_allocations(
     def skip(reason: str) -> None:
         skips[reason] = skips.get(reason, 0) + 1
 
-    node = NodeContext(devices, node_labels, index_pod_resources(pod_resources or ()), skip)
+    node = NodeContext(devices, node_labels, index_pod_resources(pod_resources or ()), skip, node_capacity or {})
     out: list[Allocation] = []
     for pod in pods:
         if pod.phase in ("Succeeded", "Failed"):

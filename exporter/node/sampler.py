@@ -84,6 +84,7 @@ class Pipeline:
         extra_families: Callable[[], list[Metric]] = list,
         per_process: bool = False,
         clock: Callable[[], float] = time.time,
+        node_capacity: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self.backend = backend
         self.proc = proc
@@ -95,6 +96,7 @@ class Pipeline:
         self.extra_families = extra_families
         self.per_process = per_process
         self.clock = clock
+        self.node_capacity = node_capacity
         self.samples_total = 0
         self.failures_total = 0
         self._skips: dict[str, int] = {}
@@ -107,7 +109,7 @@ class Pipeline:
         placement = self.proc.resolve(pids)
         state = self.pods()
         allocations = compute_allocations(state.view.pods.values(), sample.devices, self.node_labels(),
-                                          self.pod_resources())
+                                          self.pod_resources(), self.node_capacity())
         attr = attribute(sample, placement, state.view, allocations.allocations)
         for source in (allocations.skips, attr.skips):
             for reason, n in source.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ _MIG_KEYS = {"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memor
 _MIG_FROM_PARENT = ("power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
                     "ecc_corrected_total", "ecc_uncorrected_total", "clocks_event_reasons")
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_util", "cgroup", "type"}
-_TOP_KEYS = {"node", "node_labels", "devices", "pods", "pod_resources", "nvml", "description"}
+_TOP_KEYS = {"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml", "description"}
 # not_supported names (shared with the fake NVML library) -> the DeviceSample fields they blank.
 NOT_SUPPORTED_FIELDS: dict[str, tuple[str, ...]] = {
     "power": ("power_usage_milliwatts",),
@@ -92,6 +92,7 @@ class Scenario:
     devices: tuple[ScenarioDevice, ...]
     pods: tuple[Mapping[str, Any], ...]
     pod_resources: tuple[PodResources, ...] | None
+    node_capacity: Mapping[str, str] = field(default_factory=dict)  # the Node's status.capacity
 
 
 def _int(value: object, where: str, minimum: int = 0) -> int:
@@ -106,6 +107,13 @@ def _str(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise ScenarioError(f"{where}: expected a string, got {value!r}")
     return value
+
+
+def _quantity_text(value: object, where: str) -> str:
+    """A capacity quantity as the API serves it (a string); YAML integers are accepted."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _str(value, where)
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
@@ -278,6 +286,7 @@ def parse_scenario(data: object) -> Scenario:
     top = _mapping(data, "scenario")
     _unknown(top, _TOP_KEYS, "scenario")
     labels = _mapping(top.get("node_labels") or {}, "node_labels")
+    capacity = _mapping(top.get("node_capacity") or {}, "node_capacity")
     devices = tuple(sd for i, d in enumerate(_list(top.get("devices"), "devices")) for sd in _device(d, i))
     uuids = [d.sample.uuid for d in devices]
     if len(set(uuids)) != len(uuids):
@@ -289,6 +298,7 @@ def parse_scenario(data: object) -> Scenario:
         devices=devices,
         pods=pods,
         pod_resources=_pod_resources(top["pod_resources"]) if "pod_resources" in top else None,
+        node_capacity={_str(k, "node_capacity"): _quantity_text(v, f"node_capacity.{k}") for k, v in capacity.items()},
     )
 
 

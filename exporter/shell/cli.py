@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -83,10 +82,13 @@ def build_daemon(cfg: Config) -> Daemon:
         backend = SimulatedBackend(scenario)
         proc = ScenarioProc(scenario)
         pods = _static_pods(scenario.pods)
-        labels = dict(scenario.node_labels)
+        labels, capacity = dict(scenario.node_labels), dict(scenario.node_capacity)
 
         def node_labels() -> Mapping[str, str]:
             return labels
+
+        def node_capacity() -> Mapping[str, str]:
+            return capacity
 
         def pod_resources(pr=scenario.pod_resources):
             return pr
@@ -101,25 +103,28 @@ def build_daemon(cfg: Config) -> Daemon:
         backend = NvmlBackend()
         closers.append(backend.close)
         proc = ProcReader(Path(cfg.host_proc))
-        pods, node_labels, api_client = _cluster_sources(cfg, node, closers)
+        pods, node_object, api_client = _cluster_sources(cfg, node, closers)
+        node_labels = node_object.labels if node_object else dict
+        node_capacity = node_object.capacity if node_object else dict
         pod_resources = _pod_resources_source(cfg.pod_resources_socket)
 
     holder = SnapshotHolder(empty_snapshot(0.0))
     late_starts: list[Callable[[], None]] = []
     xid_families = _xid(cfg, node, names, holder, api_client, closers, late_starts)
     pipeline = Pipeline(backend, proc, pods, node, names, node_labels, pod_resources, xid_families,
-                        cfg.per_process_metrics)
+                        cfg.per_process_metrics, node_capacity=node_capacity)
     sampler = SamplerThread(pipeline, holder, cfg.interval)
     return Daemon(cfg, node, pipeline, holder, sampler, closers, late_starts)
 
 
 def _cluster_sources(cfg: Config, node: str, closers: list):
-    """Pods and node labels from the API (or nothing, with --no-pod-watch)."""
+    """Pods and the Node object from the API (or nothing, with --no-pod-watch)."""
     if not cfg.pod_watch:
-        return _empty_pods(), dict, None
+        return _empty_pods(), None, None
     import yaml
     from kubernetes.config.config_exception import ConfigException
 
+    from exporter.node.node_object import NodeObject
     from exporter.node.pod_watcher import PodWatcher, build_api_client
 
     try:
@@ -138,40 +143,10 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
         s = watcher.stats()
         return PodState(watcher.view(), s.synced, s.last_sync_timestamp, s.sync_errors, s.skips)
 
-    labels = NodeLabels(node, api_client)
-    labels.start()
-    closers.append(labels.stop)
-    return pods, labels.get, api_client
-
-
-class NodeLabels(threading.Thread):
-    """The node's labels (sharing strategy, replicas), refreshed every few minutes."""
-
-    def __init__(self, node: str, api_client, refresh: float = 300.0) -> None:
-        super().__init__(name="node-labels", daemon=True)
-        self._node, self._api, self._refresh = node, api_client, refresh
-        self._labels: Mapping[str, str] = {}
-        self._stop_event = threading.Event()
-
-    def get(self) -> Mapping[str, str]:
-        return self._labels
-
-    def run(self) -> None:
-        from kubernetes import client
-
-        api = client.CoreV1Api(self._api)
-        while not self._stop_event.is_set():
-            try:
-                node = api.read_node(self._node, _request_timeout=10)
-                self._labels = dict(node.metadata.labels or {})
-                wait = self._refresh
-            except Exception as e:  # keep the last labels; the API may be down
-                log.warning("cannot read node %s: %s", self._node, e)
-                wait = 30.0
-            self._stop_event.wait(wait)
-
-    def stop(self) -> None:
-        self._stop_event.set()
+    node_object = NodeObject(node, api_client)
+    node_object.start()
+    closers.append(node_object.stop)
+    return pods, node_object, api_client
 
 
 def _pod_resources_source(socket: str):

@@ -54,7 +54,8 @@ _MIG_KEYS = frozenset({"uuid", "profile", "gpu_instance_id", "compute_instance_i
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
 _NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock", "timestamps",
                         "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
-_TOP_KEYS = frozenset({"node", "node_labels", "devices", "pods", "pod_resources", "nvml", "description"})
+_TOP_KEYS = frozenset({"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml",
+                       "description"})
 
 
 class FakeNvmlError(RuntimeError):

@@ -114,7 +114,8 @@ def make_pod(
 
 
 def make_node(
-    name: str, *, labels: Mapping[str, str] | None = None, uid: str | None = None
+    name: str, *, labels: Mapping[str, str] | None = None, uid: str | None = None,
+    capacity: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A complete Node."""
     return {
@@ -127,5 +128,5 @@ def make_node(
             "labels": {"kubernetes.io/hostname": name, **dict(labels or {})},
         },
         "spec": {},
-        "status": {},
+        "status": {"capacity": dict(capacity)} if capacity else {},
     }

@@ -46,12 +46,13 @@ class Allocation:
 
 @dataclass(frozen=True, slots=True)
 class NodeContext:
-    """What a scheme may consult besides the pod: this node's devices, labels and kubelet answer."""
+    """What a scheme may consult besides the pod: this node's devices, labels, capacity, kubelet answer."""
 
     devices: Sequence[DeviceSample]
     node_labels: Mapping[str, str]
     pod_resources: Mapping[tuple[str, str, str], tuple[tuple[str, tuple[str, ...]], ...]]
     skip: Callable[[str], None]
+    node_capacity: Mapping[str, str] = field(default_factory=dict)  # the Node's status.capacity
     by_index: Mapping[int, str] = field(init=False)  # NVML index -> uuid
     by_minor: Mapping[int, str] = field(init=False)  # /dev/nvidia<minor> -> uuid of the whole GPU
     uuids: frozenset[str] = field(init=False)

@@ -1,19 +1,37 @@
-"""Alibaba gpushare / cGPU: ``aliyun.com/gpu-mem`` (GiB) and ``aliyun.com/gpu-core.percentage``.
+"""Alibaba gpushare / cGPU: ``aliyun.com/gpu-mem`` and ``aliyun.com/gpu-core.percentage``.
 
 The GPU comes from the scheduler's ``scheduler.framework.gpushare.allocation`` annotation
-(per container index: GPU index -> GiB), else ``ALIYUN_COM_GPU_MEM_IDX``.
+(per container index: GPU index -> memory), else ``ALIYUN_COM_GPU_MEM_IDX``.
+
+Memory is in GiB unless the device plugin runs with ``--memory-unit=MiB``. The unit is not on
+the pod, so it is read as the ecosystem's own tools read it: the node's ``aliyun.com/gpu-mem``
+capacity per GPU (capacity / ``aliyun.com/gpu-count``) against the cards' memory; the unit that
+makes the two agree wins. Without the capacity, GiB is assumed unless it would exceed the card,
+and no allocation is ever reported larger than its card (each correction is a counted skip).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 
-from exporter.attribution.schemes.base import GIB, Allocation, NodeContext, Scheme, amount, index_list
-from exporter.model import ContainerInfo, PodInfo
+from exporter.attribution.schemes.base import (
+    GIB,
+    MIB,
+    Allocation,
+    NodeContext,
+    Scheme,
+    amount,
+    index_list,
+    parse_quantity,
+)
+from exporter.model import ContainerInfo, DeviceSample, PodInfo
 
 SCHEME_GPUSHARE = "aliyun-gpushare"
 ALIYUN_MEM = "aliyun.com/gpu-mem"
 ALIYUN_CORE = "aliyun.com/gpu-core.percentage"
+ALIYUN_COUNT = "aliyun.com/gpu-count"
 ALIYUN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 ALIYUN_ALLOCATION = "scheduler.framework.gpushare.allocation"
 
@@ -22,8 +40,26 @@ def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
     return bool(amount(c, ALIYUN_MEM))
 
 
-def _placement(node: NodeContext, pod: PodInfo, c: ContainerInfo, gib: float) -> dict[int, float]:
-    """GPU index -> GiB for this container, from the annotations ({} when not placed yet)."""
+def _cards(devices: Sequence[DeviceSample]) -> list[DeviceSample]:
+    """Whole GPUs with a known memory size (gpushare shares cards, never MIG devices)."""
+    return [d for d in devices if d.parent_uuid is None and d.memory_total_bytes]
+
+
+def memory_unit(node: NodeContext) -> int | None:
+    """Bytes per ``aliyun.com/gpu-mem`` unit from the node's capacity, or None when it cannot tell."""
+    capacity = parse_quantity(node.node_capacity.get(ALIYUN_MEM))
+    cards = _cards(node.devices)
+    count = parse_quantity(node.node_capacity.get(ALIYUN_COUNT)) or len(cards)
+    if not capacity or not count or not cards:
+        return None
+    per_gpu = capacity / count
+    card = sum(d.memory_total_bytes or 0 for d in cards) / len(cards)
+    # GiB and MiB readings differ 1024-fold: the nearer one (in log scale) is the plugin's unit.
+    return min((GIB, MIB), key=lambda unit: abs(math.log(per_gpu * unit / card)))
+
+
+def _placement(node: NodeContext, pod: PodInfo, c: ContainerInfo, units: float) -> dict[int, float]:
+    """GPU index -> memory units for this container, from the annotations ({} when not placed yet)."""
     placed: dict[int, float] = {}
     raw = pod.annotations.get(ALIYUN_ALLOCATION)
     if raw:
@@ -37,22 +73,41 @@ def _placement(node: NodeContext, pod: PodInfo, c: ContainerInfo, gib: float) ->
         if idx is None:
             node.skip("malformed_gpushare_annotation")
         elif idx:
-            placed = {i: gib / len(idx) for i in idx}
+            placed = {i: units / len(idx) for i in idx}
     return placed
 
 
+def _bytes(node: NodeContext, units: float, unit: int | None, card: int | None) -> int:
+    """``units`` of gpu-mem in bytes, never more than ``card`` (the placed card, or the largest)."""
+    if unit is None:
+        unit = GIB
+        if card is not None and units * GIB > card and units * MIB <= card:
+            node.skip("gpushare_memory_unit_mib_by_size")  # no capacity to tell; GiB cannot fit the card
+            unit = MIB
+    memory = int(units * unit)
+    if card is not None and memory > card:
+        node.skip("gpushare_allocation_exceeds_card")
+        memory = card
+    return memory
+
+
 def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
-    gib = amount(c, ALIYUN_MEM) or 0.0
+    units = amount(c, ALIYUN_MEM) or 0.0
     core = amount(c, ALIYUN_CORE)
-    placed = _placement(node, pod, c, gib)
+    unit = memory_unit(node)
+    totals = {d.uuid: d.memory_total_bytes for d in node.devices}
+    largest = max((d.memory_total_bytes or 0 for d in _cards(node.devices)), default=0) or None
+    placed = _placement(node, pod, c, units)
     if not placed:
-        return [Allocation(pod.uid, c.name, SCHEME_GPUSHARE, False, None, core, int(gib * GIB))]
+        return [Allocation(pod.uid, c.name, SCHEME_GPUSHARE, False, None, core, _bytes(node, units, unit, largest))]
     out = []
-    for i, g in placed.items():
-        if i not in node.by_index:
+    for i, share in placed.items():
+        uuid = node.by_index.get(i)
+        if uuid is None:
             node.skip("annotation_unknown_gpu_index")
-        out.append(Allocation(pod.uid, c.name, SCHEME_GPUSHARE, False, node.by_index.get(i),
-                              None if core is None else core / len(placed), int(g * GIB)))
+        card = totals.get(uuid) if uuid is not None else largest
+        out.append(Allocation(pod.uid, c.name, SCHEME_GPUSHARE, False, uuid,
+                              None if core is None else core / len(placed), _bytes(node, share, unit, card)))
     return out
 
 
