@@ -390,6 +390,42 @@ def test_gke_unknown_minor_is_a_counted_skip():
     assert result.skips == {"pod_resources_unknown_device": 1}
 
 
+@pytest.mark.parametrize("limits,annotations,scheme", [
+    ({"aliyun.com/gpu-mem": "4"}, {"ALIYUN_COM_GPU_MEM_IDX": "0"}, "aliyun-gpushare"),
+    ({"tencent.com/vcuda-core": "40"}, {"tencent.com/predicate-gpu-idx-0": "0"}, "tencent-vcuda"),
+    ({"nvidia.com/gpu": "1"}, {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,3000,30:;"}, "hami"),
+])
+def test_an_annotation_that_lies_is_believed_for_the_allocation_not_for_usage(limits, annotations, scheme):
+    """The annotation says GPU-0, the container's processes run on GPU-1 (a scheduler bug in the wild)."""
+    liar, other = pod(1, limits, annotations), pod(2, {"aliyun.com/gpu-mem": "2"}, {"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    a = run([gpu(0), gpu(1, ((100, 2 * GIB, 35), (200, GIB, 5)))], {100: in_pod(1), 200: in_pod(2)},
+            Pods.of(liar, other))
+    assert a.disagreements == {scheme: 1}
+    # usage where the processes run: a share row for pod-1 on GPU-1, nothing unaccounted
+    on_1 = a.devices[1]
+    assert on_1.mode == SHARE and not on_1.unaccounted
+    assert [(u.pod.name, u.sm_util, u.memory_used_bytes) for u in on_1.users] == [
+        ("pod-1", 35.0, 2 * GIB), ("pod-2", 5.0, GIB)]
+    # the claimed allocation stays visible on GPU-0
+    assert [(x.pod.name, x.uuid) for x in a.allocations] == [("pod-1", "GPU-0"), ("pod-2", "GPU-1")]
+
+
+def test_the_kubelets_answer_is_never_second_guessed():
+    # pod-resources gives GPU-0; processes on GPU-1 stay unaccounted (an intruder, rule 6), no disagreement
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ("GPU-0",)),)),))]
+    a = run([gpu(0), gpu(1, ((100, GIB, 35),))], {100: in_pod(1)}, Pods.of(p), pod_resources=pr)
+    assert a.disagreements == {}
+    assert [r.pid for r in a.devices[1].unaccounted] == [100]
+
+
+def test_an_annotation_naming_every_gpu_it_runs_on_is_no_disagreement():
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,3000,30:GPU-1,NVIDIA,3000,30:;"}
+    p = pod(1, {"nvidia.com/gpu": "2"}, ann)
+    a = run([gpu(0), gpu(1, ((100, GIB, 35),))], {100: in_pod(1)}, Pods.of(p))
+    assert a.disagreements == {}
+
+
 def test_processes_of_two_unallocated_containers_make_share():
     p1, p2 = pod(1), pod(2)
     a = run([gpu(0, ((100, GIB, 10), (200, GIB, 20)))], {100: in_pod(1), 200: in_pod(2)}, Pods.of(p1, p2))

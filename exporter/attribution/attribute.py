@@ -21,12 +21,18 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
 6. Processes on a GPU that do not belong to one of its holders (host processes, containers
    started with ``NVIDIA_VISIBLE_DEVICES=all``) are "unaccounted": they count in the device
    totals and are reported separately, with pod labels when they run in a pod.
+7. Annotations can lie (scheduler bugs). When a container whose GPU comes from an annotation runs
+   processes on a GPU the annotation does not name, and leaves a claimed GPU without any, the
+   processes are believed for usage: the container also holds the GPU it runs on (usage rows
+   there), while its allocation row stays on the claimed GPU. Such containers are counted per
+   scheme in ``disagreements``. The kubelet's own answer (pod-resources) is never second-guessed:
+   processes outside it stay unaccounted (rule 6).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter.attribution.schemes.base import Allocation
@@ -99,6 +105,7 @@ class NodeAttribution:
     allocations: tuple[PlacedAllocation, ...]
     pods: tuple[PodInfo, ...]  # pods holding or using a GPU on this node
     skips: Mapping[str, int]
+    disagreements: Mapping[str, int] = field(default_factory=dict)  # scheme -> containers (rule 7)
 
 
 def combine_util_samples(samples: Sequence[UtilSample]) -> dict[int, float]:
@@ -151,6 +158,7 @@ def attribute(
     for a, uuid in placed:
         if uuid is not None:
             holders[uuid].setdefault((a.pod_uid, a.container), a)
+    disagreements = _believe_processes(placed, procs, holders)
 
     pods_used: dict[str, PodInfo] = {}
     results = [_device(d, procs[d.uuid], holders[d.uuid], pods, pods_used, skip) for d in sample.devices]
@@ -158,7 +166,34 @@ def attribute(
     placed_out = _placed_allocations(placed, devices, modes, pods, pods_used)
     return NodeAttribution(tuple(results), placed_out,
                            tuple(sorted(pods_used.values(), key=lambda p: (p.namespace, p.name))),
-                           skip)
+                           skip, disagreements)
+
+
+def _believe_processes(placed: list[tuple[Allocation, str | None]], procs: Mapping[str, list[ProcessAttribution]],
+                       holders: dict[str, dict[ContainerKey, Allocation]]) -> dict[str, int]:
+    """Rule 7: a container running where its annotation does not say also holds that GPU for usage."""
+    running: dict[ContainerKey, list[str]] = {}
+    for uuid, rows in procs.items():
+        for r in rows:
+            if r.pod is not None and r.container is not None:
+                gpus = running.setdefault((r.pod.uid, r.container), [])
+                if uuid not in gpus:
+                    gpus.append(uuid)
+    claimed: dict[ContainerKey, list[Allocation]] = {}
+    for a, uuid in placed:
+        if uuid is not None and a.from_annotation:
+            claimed.setdefault((a.pod_uid, a.container), []).append(a)
+    out: dict[str, int] = {}
+    for key, allocs in claimed.items():
+        gpus = running.get(key, [])
+        unused = [a for a in allocs if a.uuid not in gpus]
+        elsewhere = [u for u in gpus if key not in holders[u]]
+        if not unused or not elsewhere:
+            continue
+        for a, uuid in zip(unused, elsewhere, strict=False):
+            holders[uuid][key] = a
+        out[allocs[0].scheme] = out.get(allocs[0].scheme, 0) + 1
+    return out
 
 
 def _device_processes(d: DeviceSample, pids: Mapping[int, CgroupRef | None], pods: PodLookup,

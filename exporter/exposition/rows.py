@@ -160,6 +160,11 @@ def _allocation_families(f: _Families, attr: NodeAttribution, node: str, names: 
     for key, (c, m) in totals.items():
         _add(compute, list(key), c)
         _add(memory, list(key), m)
+    lies = f.gauge("kube_gpu_exporter_allocation_disagreements",
+                   "Containers running on a GPU other than the one their scheme's annotation claims, by scheme",
+                   ["scheme"])
+    for scheme, n in sorted(attr.disagreements.items()):
+        lies.add_metric([scheme], n)
 
 
 def _node_families(f: _Families, sample: NodeSample, node: str) -> None:

@@ -42,6 +42,9 @@ class Allocation:
     compute_percent: float | None
     memory_bytes: int | None
     memory_fraction: float | None = None
+    # The GPU comes from an annotation (a scheduler extender's, or the pod author's), not the kubelet:
+    # when the container's processes run elsewhere, attribution believes the processes for usage.
+    from_annotation: bool = False
 
 
 @dataclass(frozen=True, slots=True)

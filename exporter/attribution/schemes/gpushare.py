@@ -107,7 +107,8 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
             node.skip("annotation_unknown_gpu_index")
         card = totals.get(uuid) if uuid is not None else largest
         out.append(Allocation(pod.uid, c.name, SCHEME_GPUSHARE, False, uuid,
-                              None if core is None else core / len(placed), _bytes(node, share, unit, card)))
+                              None if core is None else core / len(placed), _bytes(node, share, unit, card),
+                              from_annotation=True))
     return out
 
 

@@ -128,7 +128,7 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
         whole = cores >= 100 and (memory is None or (total is not None and memory >= total))
         # HAMi's cores=0 means "no core limit": it grants no compute share.
         out.append(Allocation(pod.uid, c.name, SCHEME_HAMI, whole, uuid if uuid in totals else None,
-                              float(cores) if cores > 0 else None, memory))
+                              float(cores) if cores > 0 else None, memory, from_annotation=True))
     return out
 
 
@@ -136,7 +136,7 @@ def _on_mig(node: NodeContext, pod: PodInfo, c: ContainerInfo, mig: Mapping[str,
     """The MIG instance HAMi created for this device: whole (its memory is the instance's)."""
     mig_uuid = mig.get("migUUID")
     if isinstance(mig_uuid, str) and mig_uuid in node.uuids:
-        return Allocation(pod.uid, c.name, SCHEME_HAMI, True, mig_uuid, 100.0, None)
+        return Allocation(pod.uid, c.name, SCHEME_HAMI, True, mig_uuid, 100.0, None, from_annotation=True)
     # Not created yet, or NVML does not list it: placed later by the container's processes.
     node.skip("hami_mig_instance_unknown")
     return Allocation(pod.uid, c.name, SCHEME_HAMI, True, None, 100.0, None)

@@ -35,11 +35,12 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     if whole:
         targets: list[int | None] = [*idx[:count]] + [None] * max(0, count - len(idx))
         return [Allocation(pod.uid, c.name, SCHEME_VCUDA, True,
-                           None if i is None else node.by_minor.get(i), 100.0, None) for i in targets]
+                           None if i is None else node.by_minor.get(i), 100.0, None, from_annotation=True)
+                for i in targets]
     gpu = node.by_minor.get(idx[0]) if idx else None
     if idx and gpu is None:
         node.skip("annotation_unknown_gpu_minor")
-    return [Allocation(pod.uid, c.name, SCHEME_VCUDA, False, gpu, core or None, memory)]
+    return [Allocation(pod.uid, c.name, SCHEME_VCUDA, False, gpu, core or None, memory, from_annotation=True)]
 
 
 SCHEME = Scheme("Tencent GPU Manager (vcuda)", claims, allocate)
