@@ -285,14 +285,26 @@ def totals(stats: XidStats) -> dict[tuple, int]:
     return dict(stats.xid_counts)
 
 
+class FailingKmsg:
+    """A kernel log that opened, then fails every read (EIO on a flaky /dev/kmsg)."""
+
+    pollable = False
+
+    def read_available(self, max_records: int):
+        raise OSError(5, "Input/output error")
+
+    def close(self) -> None:
+        pass
+
+
 @contextmanager
 def watching(lib: Path, tmp_path: Path, kmsg: Path | None, *, events=None, devices=None,
-             resolver=resolve_bus) -> Iterator[tuple[XidWatcher, FakeNvml, FakeClock]]:
+             resolver=resolve_bus, **kw) -> Iterator[tuple[XidWatcher, FakeNvml, FakeClock]]:
     clock = FakeClock()
     with fake(lib, tmp_path, devices or with_xids(0, (1, 79))) as f:
         source = NvmlXidSource(clock=clock, wait_ms=20)
         w = XidWatcher(str(kmsg) if kmsg else None, NODE, resolver, resolve_pid, events,
-                       replay_from_start=True, clock=clock, poll_interval=0.01, nvml_source=source)
+                       replay_from_start=True, clock=clock, poll_interval=0.01, nvml_source=source, **kw)
         w.start()
         try:
             poll_until(lambda: source.registered_devices == 3)
@@ -330,6 +342,16 @@ def test_nvml_alone_counts_after_the_window_and_posts_an_event(lib: Path, tmp_pa
     assert "related" not in event or event["related"] is None
     assert UUID0 in event["note"] and "NVML" in event["note"]
     assert writer.counts().failed == 0
+
+
+def test_a_kernel_log_failing_every_read_does_not_stall_the_nvml_xids(lib: Path, tmp_path: Path) -> None:
+    with watching(lib, tmp_path, tmp_path / "kmsg", opener=lambda path: FailingKmsg()) as (w, f, clock):
+        f.advance(1)
+        poll_until(lambda: w.stats().nvml_held == 1)
+        clock.now += WINDOW + 0.5
+        poll_until(lambda: w.stats().xid_counts)
+        assert totals(w.stats()) == {(UUID0, 4, 79, *NO_POD): 1}
+        assert w.stats().skips["read_error"] >= 1
 
 
 def test_kmsg_first_then_nvml_within_the_window_counts_once(lib: Path, tmp_path: Path) -> None:

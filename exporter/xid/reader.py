@@ -149,21 +149,25 @@ class KmsgFeed:
         for raw, rec in replay:
             self._scanner.scan_live(raw, rec)
         while not self._stop.is_set():
-            drained = True
-            if self.reader is not None:
+            drained, failed = True, False
+            reader = self.reader  # stop() may close and clear it from another thread
+            if reader is not None:
                 try:
-                    batch = self.reader.read_available(max_records=BATCH_RECORDS)
-                except OSError as err:
+                    batch = reader.read_available(max_records=BATCH_RECORDS)
+                except (OSError, ValueError) as err:  # ValueError: closed under us by stop()
                     log.warning("reading %s: %s", self.path, err)
                     self._counters.skip("read_error")
-                    self._stop.wait(self._poll_interval)
-                    continue
-                self._counters.add(epipe=batch.epipe)
-                for raw in batch.records:
-                    self._scanner.scan_live(raw, parse_record(raw))
-                drained = batch.drained
+                    failed = True
+                else:
+                    self._counters.add(epipe=batch.epipe)
+                    for raw in batch.records:
+                        self._scanner.scan_live(raw, parse_record(raw))
+                    drained = batch.drained
+            # A failing kernel log must not stall the NVML source or the Event series updates.
             each_round()
-            if drained:
+            if failed:
+                self._stop.wait(self._poll_interval)
+            elif drained:
                 self._idle_wait()
 
     def _idle_wait(self) -> None:
