@@ -111,6 +111,9 @@ class ContainerInfo:
     limits: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     requests: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     env: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # literal values only
+    init: bool = False  # one of spec.initContainers (index counts there)
+    sidecar: bool = False  # an init container with restartPolicy Always: runs beside the others
+    terminated: bool = False  # its status says it has terminated
 
 
 @dataclass(frozen=True, slots=True)

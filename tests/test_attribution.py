@@ -263,6 +263,39 @@ def test_hami_unreadable_layout_is_a_counted_skip_not_a_guess():
     assert [x.uuid for x in result.allocations] == [None, None]  # placed by processes, if any
 
 
+def test_hami_segments_follow_the_gpu_requesting_containers_when_positions_are_wrong():
+    # the entry sits on a container that requests nothing: the device plugin hands it to the requester
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,0:;;;"}
+    p = pod(1, {}, ann, containers=3)
+    p = replace(p, containers=(p.containers[0], replace(p.containers[1], limits=MappingProxyType(
+        {"nvidia.com/vgpu": "1", "nvidia.com/gpumem": "1000"})), p.containers[2]))
+    a = run([gpu(0)], {}, Pods.of(p))
+    assert [(x.container, x.uuid, x.memory_bytes) for x in a.allocations] == [("c1", "GPU-0", 1000 * MIB)]
+
+
+@pytest.mark.parametrize("phase,terminated,sidecar,held", [
+    ("Pending", False, False, True),  # init is running: it holds its segment
+    ("Pending", True, False, False),  # done with init
+    ("Running", False, False, False),  # init containers finished before the pod ran
+    ("Running", False, True, True),  # a native sidecar runs beside the others
+])
+def test_hami_init_container_allocation_while_it_may_run(phase, terminated, sidecar, held):
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,500,10:;;"}
+    init = ContainerInfo("warmup", 0, None, MappingProxyType({"nvidia.com/gpu": "1"}), init=True,
+                         sidecar=sidecar, terminated=terminated)
+    p = replace(pod(1, {}, ann, phase=phase), init_containers=(init,))
+    result = compute_allocations([p], [gpu(0)], {})
+    assert [(x.container, x.uuid) for x in result.allocations] == ([("warmup", "GPU-0")] if held else [])
+
+
+def test_init_containers_are_not_allocated_whole_gpus_twice():
+    # the kubelet reuses an init container's devices for the app containers: only the app's count
+    init = ContainerInfo("setup", 0, None, MappingProxyType({"nvidia.com/gpu": "1"}), init=True)
+    p = replace(pod(1, {"nvidia.com/gpu": "1"}, phase="Pending"), init_containers=(init,))
+    result = compute_allocations([p], [gpu(0)], {})
+    assert [x.container for x in result.allocations] == ["c0"]
+
+
 def test_hami_to_allocate_stands_in_for_the_allocated_annotation():
     p = pod(1, {"nvidia.com/gpu": "1"}, {"hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,3000,30:;"})
     a = run([gpu(0), gpu(1)], {}, Pods.of(p))
@@ -375,6 +408,16 @@ def test_gke_device_plugin_ids_name_the_minor(labels, ids, scheme, mode, compute
     assert [d.mode for d in a.devices] == [mode, NONE]
 
 
+@pytest.mark.parametrize("device_id,expected", [("nvidia0/gi1", "MIG-b"), ("nvidia0/gi0/vgpu1", "MIG-a")])
+def test_gke_mig_partition_ids_name_the_gpu_instance(device_id, expected):
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", (device_id,)),)),))]
+    migs = [replace(gpu(0), uuid=u, parent_uuid="GPU-0", gpu_instance_id=gi, minor_number=0)
+            for u, gi in (("MIG-a", 0), ("MIG-b", 1))]
+    result = compute_allocations([p], migs, {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb"}, pr)
+    assert [x.uuid for x in result.allocations] == [expected]
+
+
 def test_gke_time_sharing_without_pod_resources_is_placed_by_processes():
     p = pod(1, {"nvidia.com/gpu": "1"})
     a = run([gpu(0), gpu(1, ((100, GIB, 40),))], {100: in_pod(1)}, Pods.of(p), GKE_TS)
@@ -406,8 +449,10 @@ def test_an_annotation_that_lies_is_believed_for_the_allocation_not_for_usage(li
     assert on_1.mode == SHARE and not on_1.unaccounted
     assert [(u.pod.name, u.sm_util, u.memory_used_bytes) for u in on_1.users] == [
         ("pod-1", 35.0, 2 * GIB), ("pod-2", 5.0, GIB)]
-    # the claimed allocation stays visible on GPU-0
-    assert [(x.pod.name, x.uuid) for x in a.allocations] == [("pod-1", "GPU-0"), ("pod-2", "GPU-1")]
+    # the claimed allocation stays visible on GPU-0, with its scheme's mode; nobody's usage is there
+    assert [(x.pod.name, x.uuid, x.allocate_mode) for x in a.allocations] == [
+        ("pod-1", "GPU-0", SHARE), ("pod-2", "GPU-1", SHARE)]
+    assert a.devices[0].mode == NONE and a.devices[0].users == ()
 
 
 def test_the_kubelets_answer_is_never_second_guessed():

@@ -89,6 +89,10 @@ def ref_of(text: str) -> CgroupRef | None:
         (f"0::/system.slice/containerd.service/kubepods-pod{UID_}.slice:podman:{CID}", CgroupRef(UID, None, None)),
         (f"0::/system.slice/containerd.service/kubepods-pod{UID_}.slice:cri-containerd:abc",
          CgroupRef(UID, None, None)),
+        # Kubernetes < 1.6 (--experimental-cgroups-per-qos): "BestEffort-pod<uid>.slice", no kubepods prefix
+        (f"11:memory:/system.slice/docker.service/BestEffort.slice/BestEffort-pod{UID_}.slice/{CID}",
+         CgroupRef(UID, CID, None)),
+        (f"11:memory:/Burstable.slice/Burstable-pod{UID_}.slice/{CID}", CgroupRef(UID, CID, None)),
         # upper case is normalised
         (f"0::/kubepods/pod{UID.upper()}/{CID.upper()}", CgroupRef(UID, CID, None)),
     ],

@@ -1,4 +1,4 @@
-"""exporter.node.pods: raw Pod objects -> PodInfo, workload resolution, the pod store and its views."""
+"""exporter.node.pods and pod_store: raw Pod objects -> PodInfo, workload resolution, the pod store and its views."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from exporter.node.pod_store import EMPTY_VIEW, PodStore, PodView
 from exporter.node.pods import (
-    EMPTY_VIEW,
     MalformedPod,
-    PodStore,
-    PodView,
     parse_container_id,
     parse_pod,
     pod_from_api,
@@ -67,6 +65,30 @@ def test_pod_from_api_reads_every_field() -> None:
     expected = container_id("3F0C1C9E-5B7A-4C1E-9A57-2F1E0E9B1F00/main").split("://")[1]
     assert main.container_id == expected
     assert (pod.workload_kind, pod.workload_name) == ("Pod", "trainer-0")
+
+
+def test_init_containers_are_read_with_their_kind_and_state() -> None:
+    obj = gpu_pod()
+    obj["spec"]["initContainers"] = [
+        {"name": "fetch", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        {"name": "proxy", "restartPolicy": "Always"},
+    ]
+    obj["status"]["initContainerStatuses"] = [
+        {"name": "fetch", "containerID": f"containerd://{HEX}", "state": {"terminated": {"exitCode": 0}}},
+        {"name": "proxy", "state": {"running": {}}},
+    ]
+    pod = pod_from_api(obj)
+    fetch, proxy = pod.init_containers
+    assert (fetch.name, fetch.index, fetch.init, fetch.sidecar, fetch.terminated) == ("fetch", 0, True, False, True)
+    assert fetch.container_id == HEX and fetch.limits == {"nvidia.com/gpu": "1"}
+    assert (proxy.name, proxy.index, proxy.init, proxy.sidecar, proxy.terminated) == ("proxy", 1, True, True, False)
+    assert not any(c.init for c in pod.containers)
+    obj["spec"]["initContainers"] = [{"image": "no-name"}]
+    with pytest.raises(MalformedPod, match="initContainers"):
+        pod_from_api(obj)
+    obj["spec"]["initContainers"] = "not a list"
+    with pytest.raises(MalformedPod, match="initContainers"):
+        pod_from_api(obj)
 
 
 def test_container_ids_matched_by_name_not_position() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from exporter.attribution.schemes import gke, gpushare, hami, nvidia, vcuda
 from exporter.attribution.schemes.base import Allocation, NodeContext, Scheme, index_pod_resources
-from exporter.model import DeviceSample, PodInfo, PodResources
+from exporter.model import ContainerInfo, DeviceSample, PodInfo, PodResources
 
 # The first scheme that claims a container allocates it. HAMi comes first because its pods
 # also request nvidia.com/gpu; GKE's plugin serves nvidia.com/gpu too, but only on GKE nodes or
@@ -45,8 +45,13 @@ def compute_allocations(
     for pod in pods:
         if pod.phase in ("Succeeded", "Failed"):
             continue  # a finished pod releases its devices
-        for c in pod.containers:
+        for c in (*pod.containers, *(ic for ic in pod.init_containers if _may_run(pod, ic))):
             scheme = next((s for s in SCHEMES if s.claims(node, pod, c)), None)
             if scheme is not None:
                 out.extend(scheme.allocate(node, pod, c))
     return AllocationResult(tuple(out), skips)
+
+
+def _may_run(pod: PodInfo, c: ContainerInfo) -> bool:
+    """An init container holds what it was allocated while it may run: a sidecar, or during init."""
+    return c.sidecar or (pod.phase == "Pending" and not c.terminated)

@@ -23,9 +23,10 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
    totals and are reported separately, with pod labels when they run in a pod.
 7. Annotations can lie (scheduler bugs). When a container whose GPU comes from an annotation runs
    processes on a GPU the annotation does not name, and leaves a claimed GPU without any, the
-   processes are believed for usage: the container also holds the GPU it runs on (usage rows
-   there), while its allocation row stays on the claimed GPU. Such containers are counted per
-   scheme in ``disagreements``. The kubelet's own answer (pod-resources) is never second-guessed:
+   processes are believed for usage: the container holds the GPU it runs on instead of the
+   claimed one (its usage rows, with its grant, are there, once), while its allocation row stays
+   on the claimed GPU with the mode its scheme gives. Such containers are counted per scheme in
+   ``disagreements``. The kubelet's own answer (pod-resources) is never second-guessed:
    processes outside it stay unaccounted (rule 6).
 """
 
@@ -44,7 +45,7 @@ NONE = "None"
 
 
 class PodLookup(Protocol):
-    """What attribution needs of the pod cache (``exporter.node.pods.PodView`` satisfies it)."""
+    """What attribution needs of the pod cache (``exporter.node.pod_store.PodView`` satisfies it)."""
 
     @property
     def pods(self) -> Mapping[str, PodInfo]: ...
@@ -158,20 +159,23 @@ def attribute(
     for a, uuid in placed:
         if uuid is not None:
             holders[uuid].setdefault((a.pod_uid, a.container), a)
-    disagreements = _believe_processes(placed, procs, holders)
+    disagreements, moved = _believe_processes(placed, procs, holders)
 
     pods_used: dict[str, PodInfo] = {}
     results = [_device(d, procs[d.uuid], holders[d.uuid], pods, pods_used, skip) for d in sample.devices]
     modes = {r.device.uuid: r.mode for r in results}
-    placed_out = _placed_allocations(placed, devices, modes, pods, pods_used)
+    placed_out = _placed_allocations(placed, devices, modes, pods, pods_used, moved)
     return NodeAttribution(tuple(results), placed_out,
                            tuple(sorted(pods_used.values(), key=lambda p: (p.namespace, p.name))),
                            skip, disagreements)
 
 
 def _believe_processes(placed: list[tuple[Allocation, str | None]], procs: Mapping[str, list[ProcessAttribution]],
-                       holders: dict[str, dict[ContainerKey, Allocation]]) -> dict[str, int]:
-    """Rule 7: a container running where its annotation does not say also holds that GPU for usage."""
+                       holders: dict[str, dict[ContainerKey, Allocation]]) -> tuple[dict[str, int], set[int]]:
+    """Rule 7: a container running where its annotation does not say holds that GPU instead.
+
+    Returns the disagreements by scheme and the ids of the allocations whose holding moved.
+    """
     running: dict[ContainerKey, list[str]] = {}
     for uuid, rows in procs.items():
         for r in rows:
@@ -184,6 +188,7 @@ def _believe_processes(placed: list[tuple[Allocation, str | None]], procs: Mappi
         if uuid is not None and a.from_annotation:
             claimed.setdefault((a.pod_uid, a.container), []).append(a)
     out: dict[str, int] = {}
+    moved: set[int] = set()
     for key, allocs in claimed.items():
         gpus = running.get(key, [])
         unused = [a for a in allocs if a.uuid not in gpus]
@@ -191,9 +196,12 @@ def _believe_processes(placed: list[tuple[Allocation, str | None]], procs: Mappi
         if not unused or not elsewhere:
             continue
         for a, uuid in zip(unused, elsewhere, strict=False):
+            if a.uuid is not None and holders[a.uuid].get(key) is a:
+                del holders[a.uuid][key]
             holders[uuid][key] = a
+            moved.add(id(a))
         out[allocs[0].scheme] = out.get(allocs[0].scheme, 0) + 1
-    return out
+    return out, moved
 
 
 def _device_processes(d: DeviceSample, pids: Mapping[int, CgroupRef | None], pods: PodLookup,
@@ -287,24 +295,30 @@ def _usage(d: DeviceSample, mode: str, mine: list[ProcessAttribution]) -> tuple[
     return sm, mem
 
 
+def granted_memory(a: Allocation, dev: DeviceSample | None) -> int | None:
+    """The memory ``a`` grants on ``dev``: the scheme's figure, a whole GPU's total, or its share of the card."""
+    total = dev.memory_total_bytes if dev is not None else None
+    if a.memory_bytes is not None or total is None:
+        return a.memory_bytes
+    if a.whole:
+        return total
+    return int(total * a.memory_fraction) if a.memory_fraction is not None else None
+
+
 def _placed_allocations(placed: list[tuple[Allocation, str | None]], devices: Mapping[str, DeviceSample],
-                        modes: Mapping[str, str], pods: PodLookup,
-                        pods_used: dict[str, PodInfo]) -> tuple[PlacedAllocation, ...]:
-    """The allocation rows: GPU resolved, a whole GPU's memory filled in, the GPU's mode."""
+                        modes: Mapping[str, str], pods: PodLookup, pods_used: dict[str, PodInfo],
+                        moved: set[int]) -> tuple[PlacedAllocation, ...]:
+    """The allocation rows: GPU resolved, granted memory filled in, the GPU's mode."""
     out: list[PlacedAllocation] = []
     for a, uuid in placed:
         pod = pods.pods.get(a.pod_uid)
         if pod is None:
             continue
         dev = devices.get(uuid) if uuid else None
-        memory = a.memory_bytes
-        total = dev.memory_total_bytes if dev is not None else None
-        if memory is None and total is not None and a.whole:
-            memory = total
-        elif memory is None and total is not None and a.memory_fraction is not None:
-            memory = int(total * a.memory_fraction)
-        mode = modes.get(uuid, SHARE if not a.whole else EXCLUSIVE) if uuid else (
-            EXCLUSIVE if a.whole else SHARE)
+        memory = granted_memory(a, dev)
+        scheme_mode = EXCLUSIVE if a.whole else SHARE
+        # A moved holding (rule 7) says nothing of the claimed GPU's mode: the scheme's mode stands.
+        mode = modes.get(uuid, scheme_mode) if uuid and id(a) not in moved else scheme_mode
         out.append(PlacedAllocation(pod, a.container, uuid or "", dev.minor_number if dev else None, mode,
                                     a.scheme, a.compute_percent, memory))
         pods_used[pod.uid] = pod

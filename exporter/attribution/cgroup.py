@@ -8,7 +8,8 @@ docker-in-docker nodes put the kubepods tree below ``/docker/<id>/`` or ``/kubel
 Decisions (the attribution code relies on them):
 
 * **Pod component.** cgroupfs driver: a component exactly ``pod<uid>``; systemd driver: a
-  component ``[<prefix>-]kubepods[-<qos>]-pod<uid_with_underscores>.slice``. The UID is a
+  component ``[<prefix>-]kubepods[-<qos>]-pod<uid_with_underscores>.slice`` (before Kubernetes
+  1.6: ``BestEffort-pod<uid>.slice`` / ``Burstable-pod<uid>.slice``). The UID is a
   dashed RFC 4122 UUID, or 32 hex digits for static pods (kubelet derives their UID from a
   hash; those have no dashes to restore). If several components look like pods (Kubernetes
   nested inside a pod), the **outermost** wins: that is the pod the kubelet of the node the
@@ -55,9 +56,10 @@ _UID_STATIC = r"[0-9a-f]{32}"
 
 _CGROUPFS_POD = re.compile(rf"pod(?P<uid>{_UID_DASHED}|{_UID_STATIC})", re.IGNORECASE)
 # The prefix covers kind's "kubelet-kubepods-..." and any other parent slice name, since
-# systemd slice names spell out their whole ancestry joined by dashes.
+# systemd slice names spell out their whole ancestry joined by dashes. Kubernetes before 1.6
+# (--experimental-cgroups-per-qos) named pods "BestEffort-pod<uid>.slice" / "Burstable-pod<uid>.slice".
 _SYSTEMD_POD = re.compile(
-    rf"(?:[^/]+-)?kubepods(?:-[a-z]+)?-pod(?P<uid>{_UID_UNDERSCORED}|{_UID_STATIC})\.slice",
+    rf"(?:(?:[^/]+-)?kubepods(?:-[a-z]+)?|burstable|besteffort)-pod(?P<uid>{_UID_UNDERSCORED}|{_UID_STATIC})\.slice",
     re.IGNORECASE,
 )
 

@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter import __version__
-from exporter.attribution.attribute import NONE, SHARE, ContainerUsage, DeviceAttribution, NodeAttribution
+from exporter.attribution.attribute import (
+    NONE,
+    SHARE,
+    DeviceAttribution,
+    NodeAttribution,
+    granted_memory,
+)
 from exporter.model import EMPTY, DeviceSample, NodeSample, PodInfo
 
 
@@ -108,7 +114,7 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
             lbl = row(d, da.mode, u.pod, u.container)
             _add(duty, lbl, u.sm_util)
             if da.mode == SHARE and u.allocation is not None:
-                _add(sharing, lbl, _granted_memory(u))
+                _add(sharing, lbl, granted_memory(u.allocation, d))
             _add(mtotal, lbl, d.memory_total_bytes)
             _add(mused, lbl, u.memory_used_bytes)
             _add(power, lbl, d.power_usage_milliwatts)
@@ -135,9 +141,6 @@ def _minor(d: DeviceSample) -> str:
 def _opt(value: int | None) -> str:
     return "" if value is None else str(value)
 
-
-def _granted_memory(u: ContainerUsage) -> int | None:
-    return u.allocation.memory_bytes if u.allocation is not None else None
 
 
 def _allocation_families(f: _Families, attr: NodeAttribution, node: str, names: LabelNames) -> None:

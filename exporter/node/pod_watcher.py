@@ -1,4 +1,4 @@
-"""Keeps :class:`~exporter.node.pods.PodStore` in sync with the pods bound to this node (list + watch).
+"""Keeps :class:`~exporter.node.pod_store.PodStore` in sync with the pods bound to this node (list + watch).
 
 A thin adapter around the ``kubernetes`` client: it only moves raw JSON between the API and the
 store. Responses are read with ``_preload_content=False`` so the store gets the Pod dicts exactly as
@@ -30,7 +30,7 @@ from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 from exporter.model import EMPTY
-from exporter.node.pods import PodStore, PodView
+from exporter.node.pod_store import PodStore, PodView
 
 log = logging.getLogger(__name__)
 

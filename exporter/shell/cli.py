@@ -54,7 +54,7 @@ class Daemon:
 
 
 def _static_pods(objs: Sequence[Mapping]) -> Callable[[], PodState]:
-    from exporter.node.pods import PodStore
+    from exporter.node.pod_store import PodStore
 
     store = PodStore()
     store.replace(list(objs), "1")
@@ -65,7 +65,7 @@ def _static_pods(objs: Sequence[Mapping]) -> Callable[[], PodState]:
 
 
 def _empty_pods() -> Callable[[], PodState]:
-    from exporter.node.pods import PodStore
+    from exporter.node.pod_store import PodStore
 
     view = PodStore().view()
     return lambda: PodState(view=view, synced=False, last_sync=None)

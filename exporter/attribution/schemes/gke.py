@@ -1,10 +1,10 @@
 """GKE's own NVIDIA device plugin: ``nvidia.com/gpu`` with device ids named by minor number.
 
-The kubelet's device ids are ``nvidia<minor>`` for a whole GPU and ``nvidia<minor>/vgpu<k>``
-for one of the GPU's shared clients. Sharing is announced on the node by
-``cloud.google.com/gke-gpu-sharing-strategy`` (``time-sharing`` / ``mps``) with
-``cloud.google.com/gke-max-shared-clients-per-gpu``; under MPS each client is capped at
-1/clients of the card's compute and memory. A node is a GKE GPU node when it carries
+The kubelet's device ids are ``nvidia<minor>`` for a whole GPU, ``nvidia<minor>/gi<id>`` for a MIG
+partition (GPU instance ``id`` of that card), and ``.../vgpu<k>`` for one of the shared clients.
+Sharing is announced on the node by ``cloud.google.com/gke-gpu-sharing-strategy``
+(``time-sharing`` / ``mps``) with ``cloud.google.com/gke-max-shared-clients-per-gpu``; under MPS
+each client is capped at 1/clients of the card's compute and memory. A node is a GKE GPU node when it carries
 ``cloud.google.com/gke-accelerator`` or the sharing label, or when the ids have GKE's form.
 """
 
@@ -24,7 +24,8 @@ ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 SHARING_STRATEGY_LABEL = "cloud.google.com/gke-gpu-sharing-strategy"
 MAX_CLIENTS_LABEL = "cloud.google.com/gke-max-shared-clients-per-gpu"
 
-_DEVICE_ID = re.compile(r"nvidia(?P<minor>[0-9]{1,4})(?P<shared>/vgpu[0-9]{1,4})?")
+# nvidia<minor>, a MIG partition nvidia<minor>/gi<GPU instance>, either time-shared: .../vgpu<k>
+_DEVICE_ID = re.compile(r"nvidia(?P<minor>[0-9]{1,4})(?:/gi(?P<gi>[0-9]{1,3}))?(?P<shared>/vgpu[0-9]{1,4})?")
 
 
 def _gke_ids(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[re.Match[str]] | None:
@@ -34,7 +35,17 @@ def _gke_ids(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[re.Match
     return None if any(m is None for m in matches) else [m for m in matches if m is not None]
 
 
+def _device(node: NodeContext, minor: int, gpu_instance: int | None) -> str | None:
+    """The GPU with this minor, or its MIG device with this GPU instance (MIG devices carry the card's minor)."""
+    if gpu_instance is None:
+        return node.by_minor.get(minor)
+    return next((d.uuid for d in node.devices if d.parent_uuid is not None and d.minor_number == minor
+                 and d.gpu_instance_id == gpu_instance), None)
+
+
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
+    if c.init:
+        return False  # the scheme's indices and the kubelet's device reuse cover regular containers only
     if not amount(c, NVIDIA_GPU):
         return False
     if ACCELERATOR_LABEL in node.node_labels or SHARING_STRATEGY_LABEL in node.node_labels:
@@ -63,7 +74,7 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     fraction = 1.0 / clients if mps else None
     placed: list[str] = []
     for m in ids:
-        uuid = node.by_minor.get(int(m.group("minor")))
+        uuid = _device(node, int(m.group("minor")), None if m.group("gi") is None else int(m.group("gi")))
         if uuid is None:
             node.skip("pod_resources_unknown_device")
         elif uuid not in placed:

@@ -37,6 +37,8 @@ ALIYUN_ALLOCATION = "scheduler.framework.gpushare.allocation"
 
 
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
+    if c.init:
+        return False  # the scheme's indices and the kubelet's device reuse cover regular containers only
     return bool(amount(c, ALIYUN_MEM))
 
 

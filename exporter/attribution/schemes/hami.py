@@ -31,7 +31,8 @@ HAMI_CORES = "nvidia.com/gpucores"
 HAMI_ANNOTATION = "hami.io/vgpu-devices-allocated"
 HAMI_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 HAMI_MIG_ANNOTATION = "hami.io/vgpu-mig-allocations"
-GPU_RESOURCES = (NVIDIA_GPU, HAMI_MEM, HAMI_MEM_PERCENT, HAMI_CORES)
+HAMI_VGPU = "nvidia.com/vgpu"  # the vGPU count under another common resource name
+GPU_RESOURCES = (NVIDIA_GPU, HAMI_VGPU, HAMI_MEM, HAMI_MEM_PERCENT, HAMI_CORES)
 MAX_ANNOTATION_BYTES = 64 * 1024  # a pod's author writes annotations: bound what is parsed
 MAX_MIG_ENTRIES = 64
 
@@ -92,6 +93,28 @@ def segment_offset(pod: PodInfo, segments: Sequence[Sequence[Entry]]) -> int | N
     return None
 
 
+def segment_owners(pod: PodInfo, segments: Sequence[Sequence[Entry]]) -> dict[tuple[bool, int], int] | None:
+    """Which segment each container owns, keyed by (init, index); None when the layout is unknown.
+
+    Positions first (the layout from :func:`segment_offset`). HAMi's device plugin, though, hands
+    each container it allocates for the next non-empty segment, whatever its position: when a
+    non-empty segment sits on a container that requests no GPU, and the non-empty segments match
+    the GPU-requesting containers one to one, that order is what the containers really got.
+    """
+    offset = segment_offset(pod, segments)
+    if offset is None:
+        return None
+    ordered = (*pod.init_containers, *pod.containers) if offset else pod.containers
+    used = [i for i, seg in enumerate(segments) if seg]
+    positional = {(c.init, c.index): i for i, c in enumerate(ordered) if i < len(segments)}
+    if all(i < len(ordered) and _requests_gpu(ordered[i]) for i in used):
+        return positional
+    requesting = [c for c in (*pod.init_containers, *pod.containers) if _requests_gpu(c)]
+    if len(requesting) != len(used):
+        return positional
+    return {(c.init, c.index): i for c, i in zip(requesting, used, strict=True)}
+
+
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
     return HAMI_ANNOTATION in pod.annotations or HAMI_TO_ALLOCATE in pod.annotations or bool(
         amount(c, HAMI_MEM) or amount(c, HAMI_CORES) or amount(c, HAMI_MEM_PERCENT))
@@ -105,13 +128,13 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     segments = hami_entries(raw) if raw else ()
     if not segments:
         return _unscheduled(pod, c)
-    offset = segment_offset(pod, segments)
-    if offset is None:
+    owners = segment_owners(pod, segments)
+    if owners is None:
         node.skip("hami_annotation_layout_unknown")
         return _unscheduled(pod, c)
-    position = offset + c.index
-    mine = segments[position] if position < len(segments) else ()
-    if not mine:
+    position = owners.get((c.init, c.index))
+    mine = segments[position] if position is not None else ()
+    if not mine or position is None:
         return []  # the scheduler allocated this pod and gave this container nothing
     migs = _mig_instances(node, pod, position)
     totals = {d.uuid: d.memory_total_bytes for d in node.devices}
@@ -151,11 +174,12 @@ def _mig_instances(node: NodeContext, pod: PodInfo, position: int) -> dict[int, 
     if entries is None:
         node.skip("malformed_hami_mig_annotation")
         return {}
-    mine = [e for e in entries if e.get("containerIndex") == position]
+    # HAMi decodes with Go's encoding/json: an absent index is 0.
+    mine = [e for e in entries if e.get("containerIndex", 0) == position]
     out: dict[int, Mapping[str, object]] = {}
-    for order, e in enumerate(mine):
-        index = e.get("deviceIndex", order)
-        out[index if isinstance(index, int) else order] = e
+    for e in mine:
+        index = e.get("deviceIndex", 0)
+        out[index if isinstance(index, int) else 0] = e
     return out
 
 
@@ -171,15 +195,16 @@ def _parse_mig(raw: str) -> tuple[Mapping[str, object], ...] | None:
     if not isinstance(value, list) or len(value) > MAX_MIG_ENTRIES or not all(isinstance(e, dict) for e in value):
         return None
     for e in value:
-        ci = e.get("containerIndex")
-        if not isinstance(ci, int) or isinstance(ci, bool) or ci < 0:
-            return None
+        for key in ("containerIndex", "deviceIndex"):
+            index = e.get(key, 0)
+            if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+                return None
     return tuple(value)
 
 
 def _unscheduled(pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
     """No annotation yet: the requested count, GPUs placed later by the container's processes."""
-    count = int(amount(c, NVIDIA_GPU) or 0)
+    count = int(amount(c, NVIDIA_GPU) or amount(c, HAMI_VGPU) or 0)
     if not count:
         return []
     cores = amount(c, HAMI_CORES)

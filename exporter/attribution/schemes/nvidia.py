@@ -35,6 +35,8 @@ def _mig_resources(c: ContainerInfo) -> set[str]:
 
 
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
+    if c.init:
+        return False  # the scheme's indices and the kubelet's device reuse cover regular containers only
     return bool(amount(c, NVIDIA_GPU) or amount(c, NVIDIA_GPU_SHARED) or _mig_resources(c))
 
 

@@ -19,6 +19,8 @@ VCUDA_IDX_PREFIX = "tencent.com/predicate-gpu-idx-"
 
 
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
+    if c.init:
+        return False  # the scheme's indices and the kubelet's device reuse cover regular containers only
     return amount(c, VCUDA_CORE) is not None or bool(amount(c, VCUDA_MEM))
 
 
