@@ -176,13 +176,7 @@ def _believe_processes(placed: list[tuple[Allocation, str | None]], procs: Mappi
 
     Returns the disagreements by scheme and the ids of the allocations whose holding moved.
     """
-    running: dict[ContainerKey, list[str]] = {}
-    for uuid, rows in procs.items():
-        for r in rows:
-            if r.pod is not None and r.container is not None:
-                gpus = running.setdefault((r.pod.uid, r.container), [])
-                if uuid not in gpus:
-                    gpus.append(uuid)
+    running = _running(procs)
     claimed: dict[ContainerKey, list[Allocation]] = {}
     for a, uuid in placed:
         if uuid is not None and a.from_annotation:
@@ -219,9 +213,8 @@ def _device_processes(d: DeviceSample, pids: Mapping[int, CgroupRef | None], pod
     return rows
 
 
-def _place(allocations: Sequence[Allocation], devices: Mapping[str, DeviceSample],
-           procs: Mapping[str, list[ProcessAttribution]]) -> list[tuple[Allocation, str | None]]:
-    """Each allocation with its GPU: the known placement, else a GPU its container runs on (rule 4)."""
+def _running(procs: Mapping[str, list[ProcessAttribution]]) -> dict[ContainerKey, list[str]]:
+    """The GPUs each pod container has processes on, in device order."""
     running: dict[ContainerKey, list[str]] = {}
     for uuid, rows in procs.items():
         for r in rows:
@@ -229,6 +222,13 @@ def _place(allocations: Sequence[Allocation], devices: Mapping[str, DeviceSample
                 gpus = running.setdefault((r.pod.uid, r.container), [])
                 if uuid not in gpus:
                     gpus.append(uuid)
+    return running
+
+
+def _place(allocations: Sequence[Allocation], devices: Mapping[str, DeviceSample],
+           procs: Mapping[str, list[ProcessAttribution]]) -> list[tuple[Allocation, str | None]]:
+    """Each allocation with its GPU: the known placement, else a GPU its container runs on (rule 4)."""
+    running = _running(procs)
     placed: list[tuple[Allocation, str | None]] = []
     taken: dict[ContainerKey, set[str]] = {}
     for a in allocations:

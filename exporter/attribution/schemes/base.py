@@ -119,3 +119,20 @@ def index_list(value: str) -> list[int] | None:
         return [int(x) for x in value.split(",") if x.strip()]
     except ValueError:
         return None
+
+
+def plugin_allocations(pod: PodInfo, c: ContainerInfo, scheme: str, sharing: str, clients: float,
+                       placed: Sequence[str], count: int) -> list[Allocation]:
+    """A device plugin's allocations: one per GPU placed, and unplaced ones up to ``count``.
+
+    ``sharing`` is ``none`` (whole GPUs), ``time-slicing`` (no share granted) or ``mps``: the MPS
+    daemon caps each of ``clients`` at 1/clients of the card's threads and memory.
+    """
+    whole = sharing == "none"
+    mps = sharing == "mps" and clients >= 1
+    compute = 100.0 if whole else (100.0 / clients if mps else None)
+    fraction = 1.0 / clients if mps else None
+    allocs = [Allocation(pod.uid, c.name, scheme, whole, u, compute, None, fraction) for u in placed]
+    allocs += [Allocation(pod.uid, c.name, scheme, whole, None, compute, None, fraction)
+               for _ in range(max(0, count - len(placed)))]
+    return allocs

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import re
 
-from exporter.attribution.schemes.base import Allocation, NodeContext, Scheme, amount, parse_quantity
+from exporter.attribution.schemes.base import (
+    Allocation,
+    NodeContext,
+    Scheme,
+    amount,
+    parse_quantity,
+    plugin_allocations,
+)
 from exporter.model import ContainerInfo, PodInfo
 
 SCHEME_GKE = "gke"
@@ -63,15 +70,11 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
         ids = []
     shared_ids = any(m.group("shared") for m in ids)
     if strategy == "mps":
-        scheme = SCHEME_GKE_MPS
+        sharing, scheme = "mps", SCHEME_GKE_MPS
     elif strategy == "time-sharing" or shared_ids:
-        scheme = SCHEME_GKE_TIME_SHARING
+        sharing, scheme = "time-slicing", SCHEME_GKE_TIME_SHARING
     else:
-        scheme = SCHEME_GKE
-    whole = scheme == SCHEME_GKE
-    mps = scheme == SCHEME_GKE_MPS and clients >= 1
-    compute = 100.0 if whole else (100.0 / clients if mps else None)
-    fraction = 1.0 / clients if mps else None
+        sharing, scheme = "none", SCHEME_GKE
     placed: list[str] = []
     for m in ids:
         uuid = _device(node, int(m.group("minor")), None if m.group("gi") is None else int(m.group("gi")))
@@ -79,11 +82,7 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
             node.skip("pod_resources_unknown_device")
         elif uuid not in placed:
             placed.append(uuid)
-    count = int(amount(c, NVIDIA_GPU) or 0)
-    allocs = [Allocation(pod.uid, c.name, scheme, whole, u, compute, None, fraction) for u in placed]
-    allocs += [Allocation(pod.uid, c.name, scheme, whole, None, compute, None, fraction)
-               for _ in range(max(0, count - len(placed)))]
-    return allocs
+    return plugin_allocations(pod, c, scheme, sharing, clients, placed, int(amount(c, NVIDIA_GPU) or 0))
 
 
 SCHEME = Scheme("GKE device plugin (whole, time-sharing, MPS)", claims, allocate)

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from exporter.attribution.schemes.base import Allocation, NodeContext, Scheme, amount, parse_quantity
+from exporter.attribution.schemes.base import (
+    Allocation,
+    NodeContext,
+    Scheme,
+    amount,
+    parse_quantity,
+    plugin_allocations,
+)
 from exporter.model import ContainerInfo, PodInfo
 
 SCHEME_NVIDIA = "nvidia"
@@ -51,16 +58,11 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
            if r in (NVIDIA_GPU, NVIDIA_GPU_SHARED) or r.startswith(NVIDIA_MIG) for i in v]
     replicated = any("::" in i for i in ids)
     if strategy == "mps":
-        scheme = SCHEME_MPS
+        sharing, scheme = "mps", SCHEME_MPS
     elif strategy == "time-slicing" or shared_resource or replicated:
-        scheme = SCHEME_TIME_SLICING
+        sharing, scheme = "time-slicing", SCHEME_TIME_SLICING
     else:
-        scheme = SCHEME_NVIDIA
-    whole = scheme == SCHEME_NVIDIA
-    mps = scheme == SCHEME_MPS and replicas >= 1
-    # The plugin's MPS daemon caps every client at 1/replicas of the card's threads and memory.
-    compute = 100.0 if whole else (100.0 / replicas if mps else None)
-    fraction = 1.0 / replicas if mps else None
+        sharing, scheme = "none", SCHEME_NVIDIA
     placed: list[str] = []
     for i in ids:
         u = i.split("::", 1)[0]
@@ -71,10 +73,7 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     if mig:
         # Without pod-resources: count them, place them where the container's processes run.
         count = max(count, int(sum(amount(c, r) or 0 for r in mig)))
-    allocs = [Allocation(pod.uid, c.name, scheme, whole, u, compute, None, fraction) for u in placed]
-    allocs += [Allocation(pod.uid, c.name, scheme, whole, None, compute, None, fraction)
-               for _ in range(max(0, count - len(placed)))]
-    return allocs
+    return plugin_allocations(pod, c, scheme, sharing, replicas, placed, count)
 
 
 SCHEME = Scheme("nvidia device plugin (whole, MIG, time-slicing, MPS)", claims, allocate)
