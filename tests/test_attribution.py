@@ -584,3 +584,25 @@ def test_garbage_annotations_and_quantities_never_raise(value, limits, key):
     p = pod(1, limits, {key: value})
     a = run([gpu(0), gpu(1)], {}, Pods.of(p))
     assert all(x.memory_bytes is None or x.memory_bytes >= 0 for x in a.allocations)
+
+
+def _gke_form(minor: int, gi: int | None, k: int | None) -> str:
+    return f"nvidia{minor}" + (f"/gi{gi}" if gi is not None else "") + (f"/vgpu{k}" if k is not None else "")
+
+
+_small = st.one_of(st.none(), st.integers(0, 9))
+_gke_id = st.one_of(st.builds(_gke_form, st.integers(0, 9), _small, _small), st.text(max_size=20))
+
+
+@given(ids=st.lists(_gke_id, max_size=4), labels=st.dictionaries(
+    st.sampled_from(["cloud.google.com/gke-accelerator", "cloud.google.com/gke-gpu-sharing-strategy",
+                     "cloud.google.com/gke-max-shared-clients-per-gpu"]),
+    st.sampled_from(["nvidia-l4", "time-sharing", "mps", "2", "0", "x", ""])))
+def test_gke_any_device_ids_place_only_on_listed_gpus(ids, labels):
+    p = pod(1, {"nvidia.com/gpu": "1"})
+    pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", tuple(ids)),)),))]
+    devices = [replace(gpu(0), minor_number=3), replace(gpu(1), uuid="MIG-x", parent_uuid="GPU-9", minor_number=4,
+                                                        gpu_instance_id=1)]
+    result = compute_allocations([p], devices, labels, pr)
+    assert {x.uuid for x in result.allocations} <= {"GPU-0", "MIG-x", None}
+    assert all(x.memory_fraction is None or 0 < x.memory_fraction <= 1 for x in result.allocations)

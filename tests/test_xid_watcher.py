@@ -10,11 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kubernetes.client import EventsV1Api
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
-from exporter.xid.dedup import is_fallen_echo
+from exporter.xid.dedup import FALLEN_REPEAT_WINDOW_USEC, FallenEchoFilter, is_fallen_echo
 from exporter.xid.events import PlannerConfig
 from exporter.xid.events_writer import EventsWriter
 from exporter.xid.kmsg import KmsgReader, parse_record
@@ -410,3 +412,20 @@ def test_metric_families_of_empty_stats() -> None:
     assert names[:2] == ["nvidia_gpu_xid_errors", "nvidia_gpu_last_xid_timestamp_seconds"]
     assert fams[0].samples == [] and fams[0].type == "counter" and fams[1].type == "gauge"
     assert {s.labels["result"] for s in fams[-1].samples} == {"posted", "patched", "dropped", "failed"}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["0000:3b:00", "0000:2b:00", None]), st.integers(0, 3_000_000)),
+                max_size=20))
+def test_fallen_filter_counts_one_incident_per_burst_of_numberless_reports(reports) -> None:
+    """Time-ordered numberless reports: one counted per GPU for each burst of copies less than 1 s apart."""
+    filt, t, counted = FallenEchoFilter(), 0, []
+    for pci, gap in reports:
+        t += gap
+        if not filt.is_echo(XidReport(79, pci, numbered=False), t):
+            counted.append((pci, t))
+    # nothing counted is within the repeat window of an earlier counted report of its GPU (or of an addressless one)
+    for i, (pci, when) in enumerate(counted):
+        for other, before in counted[:i]:
+            if other == pci or other is None or pci is None:
+                assert when - before > FALLEN_REPEAT_WINDOW_USEC
+    assert bool(counted) == bool(reports)
