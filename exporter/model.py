@@ -110,7 +110,6 @@ class ContainerInfo:
     container_id: str | None  # 64 hex, runtime prefix stripped; None until started
     limits: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     requests: Mapping[str, str] = field(default_factory=lambda: EMPTY)
-    env: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # literal values only
     init: bool = False  # one of spec.initContainers (index counts there)
     sidecar: bool = False  # an init container with restartPolicy Always: runs beside the others
     terminated: bool = False  # its status says it has terminated

@@ -61,7 +61,7 @@ def test_pod_from_api_reads_every_field() -> None:
     assert (main.name, main.index, sidecar.name, sidecar.index) == ("main", 0, "sidecar", 1)
     assert dict(main.limits) == {"nvidia.com/gpu": "1", "memory": "4Gi"}
     assert dict(main.requests) == {"cpu": "500m"}
-    assert dict(main.env) == {"NVIDIA_VISIBLE_DEVICES": "GPU-8e796295", "OTHER": "x"}
+    assert not hasattr(main, "env")  # env values (secrets, often) are kept nowhere: nothing reads them
     expected = container_id("3F0C1C9E-5B7A-4C1E-9A57-2F1E0E9B1F00/main").split("://")[1]
     assert main.container_id == expected
     assert (pod.workload_kind, pod.workload_name) == ("Pod", "trainer-0")
@@ -189,8 +189,7 @@ def test_garbage_in_maps_is_dropped_and_noted() -> None:
     pod, issues = parse_pod(obj)
     assert dict(pod.labels) == {"ok": "1"}
     assert dict(pod.annotations) == {}
-    assert dict(pod.containers[0].env) == {"A": "1"}
-    assert sorted(issues) == ["annotations_invalid", "env_invalid", "env_invalid", "labels_invalid"]
+    assert sorted(issues) == ["annotations_invalid", "labels_invalid"]  # env is not read at all
 
 
 # ------------------------------------------------------------------ workload resolution

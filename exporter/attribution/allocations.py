@@ -45,11 +45,26 @@ def compute_allocations(
     for pod in pods:
         if pod.phase in ("Succeeded", "Failed"):
             continue  # a finished pod releases its devices
-        for c in (*pod.containers, *(ic for ic in pod.init_containers if _may_run(pod, ic))):
-            scheme = next((s for s in SCHEMES if s.claims(node, pod, c)), None)
-            if scheme is not None:
-                out.extend(scheme.allocate(node, pod, c))
+        try:
+            out.extend(_pod_allocations(node, pod))
+        except Exception:  # one pod's input must never fail the cycle for every other pod
+            skip("pod_allocation_failed")
     return AllocationResult(tuple(out), skips)
+
+
+def _pod_allocations(node: NodeContext, pod: PodInfo) -> list[Allocation]:
+    """One pod's allocations; a scheme's annotations on a pod it claims no container of are ignored."""
+    out: list[Allocation] = []
+    claimed: set[str] = set()
+    for c in (*pod.containers, *(ic for ic in pod.init_containers if _may_run(pod, ic))):
+        scheme = next((s for s in SCHEMES if s.claims(node, pod, c)), None)
+        if scheme is not None:
+            claimed.add(scheme.name)
+            out.extend(scheme.allocate(node, pod, c))
+    for s in SCHEMES:
+        if s.name not in claimed and s.annotated(pod):
+            node.skip("annotation_without_request")  # no container asks for the scheme's resources
+    return out
 
 
 def _may_run(pod: PodInfo, c: ContainerInfo) -> bool:

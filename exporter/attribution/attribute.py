@@ -21,7 +21,10 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
 6. Processes on a GPU that do not belong to one of its holders (host processes, containers
    started with ``NVIDIA_VISIBLE_DEVICES=all``) are "unaccounted": they count in the device
    totals and are reported separately, with pod labels when they run in a pod.
-7. Annotations can lie (scheduler bugs). When a container whose GPU comes from an annotation runs
+7. The kubelet is the authority for whole GPUs: when pod-resources assigns a GPU whole to a
+   container, no other container's annotation (gpushare, vcuda, HAMi) can hold it or turn it
+   shared; such an allocation is left unplaced and counted in ``disagreements``.
+8. Annotations can lie (scheduler bugs). When a container whose GPU comes from an annotation runs
    processes on a GPU the annotation does not name, and leaves a claimed GPU without any, the
    processes are believed for usage: the container holds the GPU it runs on instead of the
    claimed one (its usage rows, with its grant, are there, once), while its allocation row stays
@@ -106,7 +109,7 @@ class NodeAttribution:
     allocations: tuple[PlacedAllocation, ...]
     pods: tuple[PodInfo, ...]  # pods holding or using a GPU on this node
     skips: Mapping[str, int]
-    disagreements: Mapping[str, int] = field(default_factory=dict)  # scheme -> containers (rule 7)
+    disagreements: Mapping[str, int] = field(default_factory=dict)  # scheme -> containers (rules 7, 8)
 
 
 def combine_util_samples(samples: Sequence[UtilSample]) -> dict[int, float]:
@@ -154,12 +157,14 @@ def attribute(
     skip = SkipCounter()
     devices = {d.uuid: d for d in sample.devices}
     procs = {d.uuid: _device_processes(d, pids, pods, skip) for d in sample.devices}
-    placed = _place(allocations, devices, procs)
+    placed, conflicts = _defer_to_kubelet(_place(allocations, devices, procs))
     holders: dict[str, dict[ContainerKey, Allocation]] = {u: {} for u in devices}
     for a, uuid in placed:
         if uuid is not None:
             holders[uuid].setdefault((a.pod_uid, a.container), a)
     disagreements, moved = _believe_processes(placed, procs, holders)
+    for scheme, n in conflicts.items():
+        disagreements[scheme] = disagreements.get(scheme, 0) + n
 
     pods_used: dict[str, PodInfo] = {}
     results = [_device(d, procs[d.uuid], holders[d.uuid], pods, pods_used, skip) for d in sample.devices]
@@ -170,9 +175,26 @@ def attribute(
                            skip, disagreements)
 
 
+def _defer_to_kubelet(placed: list[tuple[Allocation, str | None]]
+                      ) -> tuple[list[tuple[Allocation, str | None]], dict[str, int]]:
+    """Rule 7: annotation placements on a GPU the kubelet gave whole to another container are dropped."""
+    kubelet_whole = {uuid: (a.pod_uid, a.container) for a, uuid in placed
+                     if uuid is not None and a.whole and not a.from_annotation and a.uuid == uuid}
+    out: list[tuple[Allocation, str | None]] = []
+    conflicts: dict[str, int] = {}
+    for a, uuid in placed:
+        owner = kubelet_whole.get(uuid) if uuid is not None else None
+        if a.from_annotation and owner is not None and owner != (a.pod_uid, a.container):
+            conflicts[a.scheme] = conflicts.get(a.scheme, 0) + 1
+            out.append((a, None))
+        else:
+            out.append((a, uuid))
+    return out, conflicts
+
+
 def _believe_processes(placed: list[tuple[Allocation, str | None]], procs: Mapping[str, list[ProcessAttribution]],
                        holders: dict[str, dict[ContainerKey, Allocation]]) -> tuple[dict[str, int], set[int]]:
-    """Rule 7: a container running where its annotation does not say holds that GPU instead.
+    """Rule 8: a container running where its annotation does not say holds that GPU instead.
 
     Returns the disagreements by scheme and the ids of the allocations whose holding moved.
     """
@@ -317,7 +339,7 @@ def _placed_allocations(placed: list[tuple[Allocation, str | None]], devices: Ma
         dev = devices.get(uuid) if uuid else None
         memory = granted_memory(a, dev)
         scheme_mode = EXCLUSIVE if a.whole else SHARE
-        # A moved holding (rule 7) says nothing of the claimed GPU's mode: the scheme's mode stands.
+        # A moved holding (rule 8) says nothing of the claimed GPU's mode: the scheme's mode stands.
         mode = modes.get(uuid, scheme_mode) if uuid and id(a) not in moved else scheme_mode
         out.append(PlacedAllocation(pod, a.container, uuid or "", dev.minor_number if dev else None, mode,
                                     a.scheme, a.compute_percent, memory))

@@ -81,23 +81,6 @@ def _quantities(value: Any, issues: list[str]) -> Mapping[str, str]:
     return MappingProxyType(out)
 
 
-def _env(value: Any, issues: list[str]) -> Mapping[str, str]:
-    """Literal ``env[].value`` entries; ``valueFrom`` ones cannot be resolved here and are left out."""
-    if value is None:
-        return EMPTY
-    if not isinstance(value, list):
-        issues.append("env_invalid")
-        return EMPTY
-    out: dict[str, str] = {}
-    for item in value:
-        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
-            issues.append("env_invalid")
-            continue
-        if isinstance(item.get("value"), str):
-            out[item["name"]] = item["value"]  # later duplicates win, as in the container runtime
-    return MappingProxyType(out)
-
-
 def parse_container_id(raw: Any) -> tuple[str | None, str | None]:
     """``containerd://<64hex>`` (or cri-o://, docker://, or bare hex) -> (lowercase 64 hex, None).
 
@@ -260,7 +243,6 @@ def _containers(raw: list[Any], field: str, ids: Mapping[str, str], issues: list
                 container_id=ids.get(c["name"]),
                 limits=_quantities(resources.get("limits"), issues),
                 requests=_quantities(resources.get("requests"), issues),
-                env=_env(c.get("env"), issues),
                 init=terminated is not None,
                 sidecar=terminated is not None and c.get("restartPolicy") == "Always",
                 terminated=terminated is not None and c["name"] in terminated,

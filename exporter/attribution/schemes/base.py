@@ -3,6 +3,11 @@
 A scheme is two pure functions over one pod container on this node: ``claims`` (does this
 container use the scheme?) and ``allocate`` (what it was allocated, and on which GPU when that
 is known).
+
+Everything a scheme reads from a pod (quantities, annotations) is written by the pod's author
+or a scheduler: hostile input. Numbers are parsed with explicit bounds (finite, non-negative, at
+most what this node can physically hold); an out-of-range value drops that container's
+allocation and is counted, never raised and never used.
 """
 
 from __future__ import annotations
@@ -82,6 +87,14 @@ class Scheme:
     name: str
     claims: Callable[[NodeContext, PodInfo, ContainerInfo], bool]
     allocate: Callable[[NodeContext, PodInfo, ContainerInfo], list[Allocation]]
+    # Pod annotations the scheme reads: on a pod none of whose containers it claims they are ignored (counted).
+    annotations: tuple[str, ...] = ()
+    annotation_prefixes: tuple[str, ...] = ()
+
+    def annotated(self, pod: PodInfo) -> bool:
+        """Whether ``pod`` carries an annotation this scheme reads."""
+        return any(k in pod.annotations for k in self.annotations) or (
+            bool(self.annotation_prefixes) and any(k.startswith(self.annotation_prefixes) for k in pod.annotations))
 
 
 def index_pod_resources(pod_resources: Iterable[PodResources]) -> dict:
@@ -93,18 +106,37 @@ def index_pod_resources(pod_resources: Iterable[PodResources]) -> dict:
     return out
 
 
+MAX_QUANTITY = 2.0**53  # beyond exact float integers no real quantity lies; larger is hostile
+MAX_QUANTITY_TEXT = 64  # characters: the API server's own quantities are far shorter
+
+
 def parse_quantity(value: object) -> float | None:
-    """Parse a Kubernetes quantity (``"2"``, ``"500m"``, ``"4Gi"``); None when malformed."""
+    """Parse a Kubernetes quantity (``"2"``, ``"500m"``, ``"4Gi"``); None when malformed or absurd."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value) if math.isfinite(value) and value >= 0 else None
-    if not isinstance(value, str):
+        number = float(value) if not isinstance(value, int) or abs(value) <= MAX_QUANTITY else math.inf
+    elif isinstance(value, str) and len(value) <= MAX_QUANTITY_TEXT:
+        m = _QUANTITY.match(value)
+        if not m or m.group(2) not in _SUFFIX:
+            return None
+        number = float(m.group(1)) * _SUFFIX[m.group(2)]
+    else:
         return None
-    m = _QUANTITY.match(value)
-    if not m or m.group(2) not in _SUFFIX:
-        return None
-    return float(m.group(1)) * _SUFFIX[m.group(2)]
+    return number if math.isfinite(number) and 0 <= number <= MAX_QUANTITY else None
+
+
+def within(node: NodeContext, value: float, limit: float) -> bool:
+    """``0 <= value <= limit``; otherwise the container's allocation is dropped: count it."""
+    if 0 <= value <= limit:
+        return True
+    node.skip("quantity_out_of_range")
+    return False
+
+
+def card_memory_limit(node: NodeContext) -> int:
+    """The most memory one device of this node has (bytes); 1 TiB when NVML does not say."""
+    return max((d.memory_total_bytes or 0 for d in node.devices), default=0) or (1 << 40)
 
 
 def amount(c: ContainerInfo, resource: str) -> float | None:
@@ -113,10 +145,16 @@ def amount(c: ContainerInfo, resource: str) -> float | None:
     return None if raw is None else parse_quantity(raw)
 
 
+MAX_INDEX_LIST = 64  # more GPUs than any node has
+
+
 def index_list(value: str) -> list[int] | None:
-    """``"0,1"`` -> [0, 1]; None when malformed."""
+    """``"0,1"`` -> [0, 1]; None when malformed (or longer, or larger, than any node could mean)."""
+    parts = [x for x in value.split(",", MAX_INDEX_LIST) if x.strip()]
+    if len(parts) > MAX_INDEX_LIST or any(len(x.strip()) > 4 or not x.strip().isascii() for x in parts):
+        return None
     try:
-        return [int(x) for x in value.split(",") if x.strip()]
+        return [int(x) for x in parts]
     except ValueError:
         return None
 

@@ -19,6 +19,7 @@ from exporter.attribution.schemes.base import (
     amount,
     parse_quantity,
     plugin_allocations,
+    within,
 )
 from exporter.model import ContainerInfo, PodInfo
 
@@ -32,6 +33,7 @@ SHARING_STRATEGY_LABEL = "cloud.google.com/gke-gpu-sharing-strategy"
 MAX_CLIENTS_LABEL = "cloud.google.com/gke-max-shared-clients-per-gpu"
 
 # nvidia<minor>, a MIG partition nvidia<minor>/gi<GPU instance>, either time-shared: .../vgpu<k>
+MAX_CLIENTS = 48  # GKE's documented maximum of shared clients per GPU
 _DEVICE_ID = re.compile(r"nvidia(?P<minor>[0-9]{1,4})(?:/gi(?P<gi>[0-9]{1,3}))?(?P<shared>/vgpu[0-9]{1,4})?")
 
 
@@ -82,7 +84,10 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
             node.skip("pod_resources_unknown_device")
         elif uuid not in placed:
             placed.append(uuid)
-    return plugin_allocations(pod, c, scheme, sharing, clients, placed, int(amount(c, NVIDIA_GPU) or 0))
+    count = int(amount(c, NVIDIA_GPU) or 0)
+    if not within(node, clients, MAX_CLIENTS) or not within(node, count, len(node.devices) * max(1.0, clients)):
+        return []  # more GPUs than this node has, or absurd sharing: hostile or broken
+    return plugin_allocations(pod, c, scheme, sharing, clients, placed, count)
 
 
 SCHEME = Scheme("GKE device plugin (whole, time-sharing, MPS)", claims, allocate)

@@ -25,6 +25,7 @@ from exporter.attribution.schemes.base import (
     amount,
     index_list,
     parse_quantity,
+    within,
 )
 from exporter.model import ContainerInfo, DeviceSample, PodInfo
 
@@ -34,6 +35,7 @@ ALIYUN_CORE = "aliyun.com/gpu-core.percentage"
 ALIYUN_COUNT = "aliyun.com/gpu-count"
 ALIYUN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 ALIYUN_ALLOCATION = "scheduler.framework.gpushare.allocation"
+MAX_ANNOTATION_BYTES = 64 * 1024  # written by the pod's author or the extender: bound what is parsed
 
 
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
@@ -66,10 +68,13 @@ def _placement(node: NodeContext, pod: PodInfo, c: ContainerInfo, units: float) 
     raw = pod.annotations.get(ALIYUN_ALLOCATION)
     if raw:
         try:
-            per_container = json.loads(raw).get(str(c.index), {})
+            per_container = json.loads(raw[:MAX_ANNOTATION_BYTES]).get(str(c.index), {})
             placed = {int(k): float(v) for k, v in per_container.items()}
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
             node.skip("malformed_gpushare_annotation")
+        if any(not math.isfinite(v) or v < 0 for v in placed.values()) or len(placed) > len(node.devices):
+            node.skip("malformed_gpushare_annotation")  # inf, NaN, negative, more GPUs than the node has
+            placed = {}
     if not placed and ALIYUN_IDX in pod.annotations:
         idx = index_list(pod.annotations[ALIYUN_IDX])
         if idx is None:
@@ -96,6 +101,8 @@ def _bytes(node: NodeContext, units: float, unit: int | None, card: int | None) 
 def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
     units = amount(c, ALIYUN_MEM) or 0.0
     core = amount(c, ALIYUN_CORE)
+    if core is not None and not within(node, core, 100 * max(1, len(node.devices))):
+        return []  # more compute than the node's GPUs have
     unit = memory_unit(node)
     totals = {d.uuid: d.memory_total_bytes for d in node.devices}
     largest = max((d.memory_total_bytes or 0 for d in _cards(node.devices)), default=0) or None
@@ -114,4 +121,4 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     return out
 
 
-SCHEME = Scheme("Alibaba gpushare / cGPU", claims, allocate)
+SCHEME = Scheme("Alibaba gpushare / cGPU", claims, allocate, annotations=(ALIYUN_ALLOCATION, ALIYUN_IDX))

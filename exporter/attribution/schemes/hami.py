@@ -20,7 +20,15 @@ import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-from exporter.attribution.schemes.base import MIB, Allocation, NodeContext, Scheme, amount
+from exporter.attribution.schemes.base import (
+    MIB,
+    Allocation,
+    NodeContext,
+    Scheme,
+    amount,
+    card_memory_limit,
+    within,
+)
 from exporter.attribution.schemes.nvidia import NVIDIA_GPU
 from exporter.model import ContainerInfo, PodInfo
 
@@ -31,6 +39,8 @@ HAMI_CORES = "nvidia.com/gpucores"
 HAMI_ANNOTATION = "hami.io/vgpu-devices-allocated"
 HAMI_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 HAMI_MIG_ANNOTATION = "hami.io/vgpu-mig-allocations"
+HAMI_NODE = "hami.io/vgpu-node"  # the node the scheduler bound the pod to
+HAMI_BIND_PHASE = "hami.io/bind-phase"  # allocating / success / failed
 HAMI_VGPU = "nvidia.com/vgpu"  # the vGPU count under another common resource name
 GPU_RESOURCES = (NVIDIA_GPU, HAMI_VGPU, HAMI_MEM, HAMI_MEM_PERCENT, HAMI_CORES)
 MAX_ANNOTATION_BYTES = 64 * 1024  # a pod's author writes annotations: bound what is parsed
@@ -56,8 +66,11 @@ def hami_entries(annotation: str) -> tuple[tuple[Entry, ...], ...]:
             parts = entry.split(",")
             if len(parts) < 4 or not parts[0].strip():
                 continue
+            if len(parts[2]) > 12 or len(parts[3]) > 12:
+                entries.append((parts[0].strip()[:128], -1, -1))  # absurd: out of range, refused by allocate
+                continue
             try:
-                entries.append((parts[0].strip(), int(parts[2]), int(parts[3])))
+                entries.append((parts[0].strip()[:128], int(parts[2]), int(parts[3])))
             except ValueError:
                 continue
         per_segment.append(tuple(entries))
@@ -115,9 +128,21 @@ def segment_owners(pod: PodInfo, segments: Sequence[Sequence[Entry]]) -> dict[tu
     return {(c.init, c.index): i for c, i in zip(requesting, used, strict=True)}
 
 
+def _bound_elsewhere(pod: PodInfo) -> bool:
+    """HAMi's own binding marks say the annotation is not this node's, or the binding failed."""
+    node = pod.annotations.get(HAMI_NODE, "")
+    return (bool(node) and bool(pod.node_name) and node != pod.node_name) or (
+        pod.annotations.get(HAMI_BIND_PHASE, "").strip().lower() == "failed")
+
+
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
-    return HAMI_ANNOTATION in pod.annotations or HAMI_TO_ALLOCATE in pod.annotations or bool(
-        amount(c, HAMI_MEM) or amount(c, HAMI_CORES) or amount(c, HAMI_MEM_PERCENT))
+    # The annotation counts only for containers that request HAMi's resources, and only where HAMi's
+    # binding marks (when present) say it was bound here: a tenant cannot claim a GPU by annotating alone.
+    if _bound_elsewhere(pod):
+        return False
+    if amount(c, HAMI_MEM) or amount(c, HAMI_CORES) or amount(c, HAMI_MEM_PERCENT):
+        return True
+    return _requests_gpu(c) and (HAMI_ANNOTATION in pod.annotations or HAMI_TO_ALLOCATE in pod.annotations)
 
 
 def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
@@ -127,17 +152,24 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
         raw = None
     segments = hami_entries(raw) if raw else ()
     if not segments:
-        return _unscheduled(pod, c)
+        return _unscheduled(node, pod, c)
     owners = segment_owners(pod, segments)
     if owners is None:
         node.skip("hami_annotation_layout_unknown")
-        return _unscheduled(pod, c)
+        return _unscheduled(node, pod, c)
     position = owners.get((c.init, c.index))
     mine = segments[position] if position is not None else ()
     if not mine or position is None:
         return []  # the scheduler allocated this pod and gave this container nothing
     migs = _mig_instances(node, pod, position)
     totals = {d.uuid: d.memory_total_bytes for d in node.devices}
+    limit_mib = card_memory_limit(node) // MIB
+    # A dynamic-MIG entry names the parent card (not listed by NVML): its figures are not used.
+    plain = [e for i, e in enumerate(mine) if i not in migs]
+    if not within(node, len(mine), len(node.devices)) or not all(
+            0 <= mem <= limit_mib and 0 <= cores <= 100 for _, mem, cores in plain):
+        node.skip("hami_annotation_out_of_range")
+        return []  # more devices, memory or cores than the node has: hostile or broken
     out = []
     for device_index, (uuid, mem_mib, cores) in enumerate(mine):
         mig = migs.get(device_index)
@@ -202,15 +234,18 @@ def _parse_mig(raw: str) -> tuple[Mapping[str, object], ...] | None:
     return tuple(value)
 
 
-def _unscheduled(pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
+def _unscheduled(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
     """No annotation yet: the requested count, GPUs placed later by the container's processes."""
     count = int(amount(c, NVIDIA_GPU) or amount(c, HAMI_VGPU) or 0)
     if not count:
         return []
     cores = amount(c, HAMI_CORES)
     mem = amount(c, HAMI_MEM)
+    if not within(node, count, len(node.devices)) or not within(node, cores or 0, 100) or not within(
+            node, (mem or 0) * MIB, card_memory_limit(node)):
+        return []
     return [Allocation(pod.uid, c.name, SCHEME_HAMI, False, None, cores or None,
                        int(mem * MIB) if mem else None) for _ in range(count)]
 
 
-SCHEME = Scheme("HAMi", claims, allocate)
+SCHEME = Scheme("HAMi", claims, allocate, annotations=(HAMI_ANNOTATION, HAMI_TO_ALLOCATE, HAMI_MIG_ANNOTATION))

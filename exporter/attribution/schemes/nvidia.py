@@ -17,6 +17,7 @@ from exporter.attribution.schemes.base import (
     amount,
     parse_quantity,
     plugin_allocations,
+    within,
 )
 from exporter.model import ContainerInfo, PodInfo
 
@@ -73,6 +74,8 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     if mig:
         # Without pod-resources: count them, place them where the container's processes run.
         count = max(count, int(sum(amount(c, r) or 0 for r in mig)))
+    if not within(node, count, len(node.devices) * max(1.0, replicas)):
+        return []  # more GPUs (or replicas) than this node has: a hostile or broken quantity
     return plugin_allocations(pod, c, scheme, sharing, replicas, placed, count)
 
 

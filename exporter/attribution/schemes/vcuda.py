@@ -8,7 +8,16 @@ through the minor number NVML reports for it.
 
 from __future__ import annotations
 
-from exporter.attribution.schemes.base import MIB, Allocation, NodeContext, Scheme, amount, index_list
+from exporter.attribution.schemes.base import (
+    MIB,
+    Allocation,
+    NodeContext,
+    Scheme,
+    amount,
+    card_memory_limit,
+    index_list,
+    within,
+)
 from exporter.model import ContainerInfo, PodInfo
 
 SCHEME_VCUDA = "tencent-vcuda"
@@ -26,7 +35,10 @@ def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
 
 def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
     core = amount(c, VCUDA_CORE) or 0.0
-    mem_units = amount(c, VCUDA_MEM)
+    mem_units = amount(c, VCUDA_MEM) or 0.0
+    if not within(node, core, 100 * len(node.devices)) or not within(
+            node, mem_units * VCUDA_MEMORY_UNIT, card_memory_limit(node) * max(1, len(node.devices))):
+        return []  # more than the node's GPUs hold: a hostile or broken quantity
     memory = int(mem_units * VCUDA_MEMORY_UNIT) if mem_units else None
     idx = index_list(pod.annotations.get(f"{VCUDA_IDX_PREFIX}{c.index}", ""))
     if idx is None:
@@ -45,4 +57,4 @@ def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocati
     return [Allocation(pod.uid, c.name, SCHEME_VCUDA, False, gpu, core or None, memory, from_annotation=True)]
 
 
-SCHEME = Scheme("Tencent GPU Manager (vcuda)", claims, allocate)
+SCHEME = Scheme("Tencent GPU Manager (vcuda)", claims, allocate, annotation_prefixes=(VCUDA_IDX_PREFIX,))
