@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.shell.config import ConfigError, load_config, options_markdown, parse_listen
+from exporter.shell.config import FIXED_LABELS, OPTIONS, ConfigError, load_config, options_markdown, parse_listen
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
@@ -30,16 +30,29 @@ def test_environment_equivalents_and_flag_precedence():
     (["--listen", "9400"], {}, "HOST:PORT"),
     (["--listen", "host:99999"], {}, "HOST:PORT"),
     (["--interval", "abc"], {}, "must be a number"),
-    (["--interval", "0"], {}, "at least 0.05"),
-    ([], {"KUBE_GPU_EXPORTER_INTERVAL": "nan"}, "finite number"),
+    (["--interval", "0"], {}, "from 0.05 to 3600"),
+    (["--interval", "3601"], {}, "from 0.05 to 3600"),
+    ([], {"KUBE_GPU_EXPORTER_INTERVAL": "nan"}, "KUBE_GPU_EXPORTER_INTERVAL must be a number from"),
+    (["--xid-lookback", "-1"], {}, "--xid-lookback must be a number from 0 to 2592000"),
     ([], {"KUBE_GPU_EXPORTER_XID": "maybe"}, "true or false"),
     (["--pod-label", "0bad"], {}, "label name"),
     (["--pod-label", "x", "--container-label", "x"], {}, "must differ"),
+    (["--pod-label", "node_name"], {}, "collides with the exporter's own 'node_name' label"),
+    ([], {"KUBE_GPU_EXPORTER_CONTAINER_LABEL": "uuid"}, "KUBE_GPU_EXPORTER_CONTAINER_LABEL 'uuid' collides"),
+    (["--pod-label", "__x"], {}, "reserved for Prometheus"),
+    (["--bogus"], {}, "unrecognized arguments: --bogus"),
     (["--log-level", "loud"], {}, "--log-level"),
 ])
 def test_bad_values_are_rejected_with_the_flag_named(argv, env, message):
     with pytest.raises(ConfigError, match=message):
         load_config(argv, environ=env)
+
+
+def test_every_number_has_a_range_and_every_default_is_valid():
+    for o in OPTIONS:
+        if o.kind is float:
+            assert o.bounds is not None and o.bounds[0] <= o.default <= o.bounds[1], o.flag
+    assert not {o.default for o in OPTIONS if o.flag.endswith("-label")} & FIXED_LABELS
 
 
 def test_ipv6_listen():

@@ -15,10 +15,16 @@ from exporter.shell.cli import main
     "just a string\n",  # YAML of the wrong shape
     "apiVersion: v1\nkind: Config\nclusters: 7\ncontexts: [{name: x}]\ncurrent-context: x\n",
     "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\ncurrent-context: nowhere\n",
+    b"apiVersion: v1\nkind: Config\n# caf\xe9\n",  # not UTF-8
+    "directory",  # unreadable
 ])
-def test_unusable_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None) -> None:
+def test_unusable_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | bytes | None) -> None:
     path = tmp_path / "kubeconfig"
-    if content is not None:
+    if content == "directory":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
     rc = main(["--kubeconfig", str(path), "--listen", "127.0.0.1:19999", "--node-name", "n1", "--no-xid"])
     err = capsys.readouterr().err

@@ -305,13 +305,19 @@ def parse_scenario(data: object) -> Scenario:
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")  # YAML is UTF-8, whatever the locale says
     except OSError as e:
         raise ScenarioError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+        # A YAML error's text spans several lines (context, caret); its problem and place are enough.
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise ScenarioError(f"{path}: not valid YAML{where}: {problem}") from None
     try:
         return parse_scenario(data)
     except ScenarioError as e:

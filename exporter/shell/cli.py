@@ -19,7 +19,7 @@ from exporter.exposition.rows import LabelNames
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
 from exporter.node.simulate import ScenarioError, ScenarioProc, SimulatedBackend, load_scenario
-from exporter.shell.config import Config, ConfigError, load_config
+from exporter.shell.config import Config, ConfigError, check_listen, load_config
 
 log = logging.getLogger("kube_gpu_exporter")
 
@@ -252,9 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if render_once:
             cfg = replace(cfg, xid=False, pod_watch=False if not cfg.simulate else cfg.pod_watch)
+        else:
+            # Before build_daemon: it starts the pod and Node watchers, and the server binds only later.
+            check_listen(cfg.listen)
         daemon = build_daemon(cfg)
     except (ConfigError, ScenarioError) as e:
-        print(f"kube-gpu-exporter: error: {e}", file=sys.stderr)
+        # One line whatever the message holds (a YAML error, a client's multi-line exception text).
+        print(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if render_once:
         try:

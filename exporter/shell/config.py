@@ -7,13 +7,26 @@ from :data:`OPTIONS` (``kube-gpu-exporter --help`` shows the same).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 ENV_PREFIX = "KUBE_GPU_EXPORTER_"
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # used with fullmatch: "$" would let "pod\n" through
+
+# Every fixed label name of the exported families (exporter/exposition/rows.py, exporter/xid/stats.py).
+# A configurable pod/namespace/container label named like one of them gives a series the same label
+# twice, or makes rows of different families join on the wrong thing; tests/test_startup_errors.py
+# renders every example and fails when a family gains a label missing here.
+FIXED_LABELS = frozenset({
+    "allocate_mode", "call", "code", "compute_instance_id", "driver_version", "gpu_instance_id",
+    "minor_number", "name", "node_name", "parent_uuid", "pci_bus_id", "pid", "pod_uid", "profile",
+    "reason", "result", "scheme", "type", "uuid", "version", "workload_kind", "workload_name", "xid",
+})
 
 
 class ConfigError(ValueError):
@@ -54,6 +67,17 @@ class Option:
     default: object
     help: str
     kind: type = str  # str | float | bool
+    bounds: tuple[float, float] | None = None  # float options: the inclusive range accepted
+
+    @property
+    def range_text(self) -> str:
+        """The accepted range as errors, --help and the generated docs say it ("" without bounds)."""
+        return "" if self.bounds is None else " to ".join(f"{b:.15g}" for b in self.bounds)
+
+    @property
+    def described(self) -> str:
+        """The help text, with the accepted range."""
+        return f"{self.help} ({self.range_text})" if self.bounds else self.help
 
     @property
     def dest(self) -> str:
@@ -67,7 +91,9 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("--listen", "0.0.0.0:9400", "HOST:PORT to serve /metrics on"),
     Option("--node-name", "", "this node's name (default: $NODE_NAME, else the hostname)"),
-    Option("--interval", 1.0, "seconds between NVML sampling cycles", float),
+    # 0.05 s is the fastest a cycle over a full node keeps up with; past an hour the pod view and
+    # /healthz (stale after 20 intervals) stop meaning anything.
+    Option("--interval", 1.0, "seconds between NVML sampling cycles", float, (0.05, 3600.0)),
     Option("--host-proc", "/proc", "the host's /proc (NVML reports host PIDs)"),
     Option("--simulate", None, "serve a simulated node from this scenario file (no GPU, no cluster)"),
     Option("--kube-api-url", None, "Kubernetes API URL (tests; default: in-cluster or kubeconfig)"),
@@ -75,15 +101,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("--pod-watch", True, "list and watch this node's pods", bool),
     Option("--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
            "kubelet pod-resources socket; empty disables"),
-    Option("--pod-label", "pod_name", "label name for the pod"),
-    Option("--namespace-label", "namespace_name", "label name for the namespace"),
-    Option("--container-label", "container_name", "label name for the container"),
+    Option("--pod-label", "pod_name", "label name for the pod (a Prometheus label name, not one of the "
+           "exporter's own labels such as node_name or uuid, nor another of these three)"),
+    Option("--namespace-label", "namespace_name", "label name for the namespace (same rules)"),
+    Option("--container-label", "container_name", "label name for the container (same rules)"),
     Option("--per-process-metrics", False, "also export one row per GPU process", bool),
     Option("--xid", True, "watch the kernel log for NVIDIA Xid errors", bool),
     Option("--kmsg-path", None, "kernel log device or a file of kmsg records "
            "(default /dev/kmsg; none under --simulate)"),
     Option("--kmsg-replay", False, "read the kmsg path from its start (default: only new records)", bool),
-    Option("--xid-lookback", 0.0, "also report Xids logged up to this many seconds before start", float),
+    Option("--xid-lookback", 0.0, "also report Xids logged up to this many seconds before start", float,
+           (0.0, 30 * 86400.0)),
     Option("--xid-nvml-events", True, "also take Xids from NVML events, deduplicated against the kernel log "
            "(works without kernel log access; off under --simulate)", bool),
     Option("--events", True, "post Kubernetes Events for Xid errors", bool),
@@ -99,6 +127,52 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def check_listen(listen: str) -> None:
+    """Pre-flight: bind every address the server will bind for ``listen``, then release them.
+
+    The server binds only after the first cycle and the watcher threads have started; probing at
+    start turns an unknown host, an address of another machine or a busy port into one ConfigError.
+    """
+    host, port = parse_listen(listen)
+    try:
+        # The same lookup asyncio's create_server (under aiohttp) makes for this host.
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:  # gaierror, or a name the idna codec refuses
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError(f"--listen {listen}: cannot resolve host {host!r}: {detail}") from None
+    opened: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:
+                continue  # an address family this kernel lacks: asyncio skips it too
+            opened.append(sock)
+            # As the server's socket: a port left in TIME_WAIT is free to it, a listening one is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as e:
+                raise ConfigError(_bind_error(listen, addr[0], port, e)) from None
+        if not opened:
+            raise ConfigError(f"--listen {listen}: no usable address for host {host!r}")
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def _bind_error(listen: str, address: str, port: int, e: OSError) -> str:
+    if e.errno == errno.EADDRINUSE:
+        return f"--listen {listen}: port {port} is already in use on {address}"
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"--listen {listen}: no local interface has the address {address}"
+    if e.errno == errno.EACCES:
+        return f"--listen {listen}: permission denied for port {port} (below 1024 needs CAP_NET_BIND_SERVICE)"
+    return f"--listen {listen}: cannot bind {address} port {port}: {e.strerror or e}"
+
+
 def _parse_bool(text: str, name: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on"):
@@ -108,8 +182,43 @@ def _parse_bool(text: str, name: str) -> bool:
     raise ConfigError(f"{name} must be true or false, got {text!r}")
 
 
+def _parse_bounded(text: str, name: str, o: Option) -> float:
+    assert o.bounds is not None, o.flag  # every number has a range (tests/test_config.py)
+    lo, hi = o.bounds
+    try:
+        number = float(text)
+    except ValueError:
+        number = float("nan")
+    if not lo <= number <= hi:  # NaN fails both comparisons
+        raise ConfigError(f"{name} must be a number from {o.range_text}, got {text!r}")
+    return number
+
+
+def check_label_names(named: Sequence[tuple[str, str]]) -> None:
+    """Refuse (source, label) pairs that are no label name, reserved, fixed by the rows, or shared."""
+    seen: dict[str, str] = {}
+    for source, name in named:
+        if not _LABEL.fullmatch(name):
+            raise ConfigError(f"{source} must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*), got {name!r}")
+        if name.startswith("__"):
+            raise ConfigError(f"{source} must be a Prometheus label name, got {name!r}: "
+                              "names starting with __ are reserved for Prometheus")
+        if name in FIXED_LABELS:
+            raise ConfigError(f"{source} {name!r} collides with the exporter's own {name!r} label")
+        if name in seen:
+            raise ConfigError(f"{seen[name]} and {source} both name the label {name!r}: they must differ")
+        seen[name] = source
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as ConfigError: one line on stderr like every other startup error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kube-gpu-exporter",
         description="Per-container GPU metrics for a Kubernetes node. Subcommands: "
         "'rules', 'alerts' and 'dashboards' render the generated rules, alerts and Grafana dashboards; "
@@ -117,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Every flag can also be set with an environment variable: {ENV_PREFIX}<FLAG>, "
         f"e.g. {ENV_PREFIX}LISTEN.")
     for o in OPTIONS:
-        help_text = f"{o.help} (env {o.env}; default {o.default!r})"
+        help_text = f"{o.described} (env {o.env}; default {o.default!r})"
         if o.kind is bool:
             p.add_argument(o.flag, dest=o.dest, action=argparse.BooleanOptionalAction, default=None,
                            help=help_text)
@@ -126,43 +235,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _convert(o: Option, raw: object, source: str) -> object:
+    """One flag's or variable's text -> its value (raises ConfigError naming ``source``)."""
+    if o.kind is bool:
+        return raw if isinstance(raw, bool) else _parse_bool(str(raw), source)
+    if o.kind is float:
+        return _parse_bounded(str(raw), source, o)
+    return str(raw)
+
+
 def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:
     """Parse flags and environment into a validated :class:`Config` (raises ConfigError)."""
     env = os.environ if environ is None else environ
     ns = build_parser().parse_args(list(argv))
     values: dict[str, object] = {}
+    sources: dict[str, str] = {}  # where each value came from, so an error names what to fix
     for o in OPTIONS:
         raw = getattr(ns, o.dest)
-        source = o.flag
+        sources[o.dest] = o.flag
         if raw is None and o.env in env:
-            raw, source = env[o.env], o.env
-        if raw is None:
-            values[o.dest] = o.default
-        elif o.kind is bool:
-            values[o.dest] = raw if isinstance(raw, bool) else _parse_bool(str(raw), source)
-        elif o.kind is float:
-            try:
-                number = float(raw)
-            except ValueError:
-                raise ConfigError(f"{source} must be a number, got {raw!r}") from None
-            if not number >= 0 or number == float("inf"):
-                raise ConfigError(f"{source} must be a finite number >= 0, got {raw!r}")
-            values[o.dest] = number
-        else:
-            values[o.dest] = str(raw)
-    if not values["node_name"]:
-        # Left empty here: the simulated node takes the scenario's name, the real one $NODE_NAME.
-        values["node_name"] = ""
+            raw, sources[o.dest] = env[o.env], o.env
+        values[o.dest] = o.default if raw is None else _convert(o, raw, sources[o.dest])
+    # An empty node name stays empty here: the simulated node takes the scenario's name, the real one $NODE_NAME.
     cfg = Config(**values)  # type: ignore[arg-type]
     parse_listen(cfg.listen)
-    if cfg.interval < 0.05:
-        raise ConfigError(f"--interval must be at least 0.05 seconds, got {cfg.interval}")
-    for flag, name in (("--pod-label", cfg.pod_label), ("--namespace-label", cfg.namespace_label),
-                       ("--container-label", cfg.container_label)):
-        if not _LABEL.match(name) or name.startswith("__"):
-            raise ConfigError(f"{flag} must be a Prometheus label name, got {name!r}")
-    if len({cfg.pod_label, cfg.namespace_label, cfg.container_label}) != 3:
-        raise ConfigError("--pod-label, --namespace-label and --container-label must differ")
+    check_label_names([(sources[d], str(values[d])) for d in ("pod_label", "namespace_label", "container_label")])
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"--log-level must be debug, info, warning or error, got {cfg.log_level!r}")
     return cfg
@@ -173,5 +270,5 @@ def options_markdown() -> str:
     lines = ["| flag | environment variable | default | meaning |", "| --- | --- | --- | --- |"]
     for o in OPTIONS:
         flag = f"`{o.flag}` / `--no-{o.flag[2:]}`" if o.kind is bool else f"`{o.flag}`"
-        lines.append(f"| {flag} | `{o.env}` | `{o.default}` | {o.help} |")
+        lines.append(f"| {flag} | `{o.env}` | `{o.default}` | {o.described} |")
     return "\n".join(lines) + "\n"
