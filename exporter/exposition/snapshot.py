@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from prometheus_client.core import Metric
@@ -19,6 +19,7 @@ from exporter.model import EMPTY, DeviceSample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 AGE_FAMILY = "kube_gpu_exporter_snapshot_age_seconds"
+FAILURES_FAMILY = "kube_gpu_exporter_sample_failures_total"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +101,37 @@ def age_text(snapshot: Snapshot, now: float) -> bytes:
             f"# TYPE {AGE_FAMILY} gauge\n{AGE_FAMILY} {go_float(age)}\n").encode()
 
 
-def scrape_payload(snapshot: Snapshot, now: float, gzipped: bool) -> bytes:
-    """The bytes a scrape returns: the pre-rendered body plus the age line."""
+def scrape_payload(snapshot: Snapshot, now: float, gzipped: bool, extra: bytes = b"") -> bytes:
+    """The bytes a scrape returns: the pre-rendered body plus the age line and ``extra``.
+
+    ``extra`` is exposition text computed at scrape time by the caller (the HTTP server's own
+    counters): small, and in the same gzip member as the age line.
+    """
+    tail = age_text(snapshot, now) + extra
     if gzipped:
-        return snapshot.body_gzip + gzip.compress(age_text(snapshot, now), compresslevel=1, mtime=0)
-    return snapshot.body + age_text(snapshot, now)
+        return snapshot.body_gzip + gzip.compress(tail, compresslevel=1, mtime=0)
+    return snapshot.body + tail
+
+
+def with_sample_failures(snapshot: Snapshot, failures_total: int) -> Snapshot:
+    """``snapshot`` with its ``kube_gpu_exporter_sample_failures_total`` sample set to ``failures_total``.
+
+    A failed cycle has no new snapshot: the previous one stays served (``built_at`` unchanged, so its
+    age keeps telling how old the data is), but its failure counter must not stay what it was when
+    it was built. Runs on the sampler thread, once per failed cycle (the gzip body is redone).
+    """
+    body = snapshot.body
+    sample = FAILURES_FAMILY.encode() + b" "
+    value = go_float(failures_total).encode()
+    start = body.find(b"\n" + sample) + 1  # never the HELP/TYPE lines: they start with "# "
+    if start:
+        end = body.find(b"\n", start)
+        end = len(body) if end < 0 else end
+        new = body[:start] + sample + value + body[end:]
+    else:  # e.g. the empty snapshot served before the first cycle succeeded
+        new = body + (f"# HELP {FAILURES_FAMILY} Sampling cycles that failed unexpectedly\n"
+                      f"# TYPE {FAILURES_FAMILY} counter\n").encode() + sample + value + b"\n"
+    return replace(snapshot, body=new, body_gzip=gzip.compress(new, compresslevel=6, mtime=0))
 
 
 def empty_snapshot(built_at: float, families: Iterable[Metric] = ()) -> Snapshot:

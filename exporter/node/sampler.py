@@ -20,7 +20,7 @@ from prometheus_client.core import Metric
 from exporter.attribution.allocations import compute_allocations
 from exporter.attribution.attribute import NodeAttribution, PodLookup, attribute
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
-from exporter.exposition.snapshot import Snapshot, make_snapshot
+from exporter.exposition.snapshot import Snapshot, make_snapshot, with_sample_failures
 from exporter.model import CgroupRef, NodeSample, PodResources
 
 log = logging.getLogger(__name__)
@@ -48,18 +48,33 @@ class PodState:
 
 
 class SnapshotHolder:
-    """The last published snapshot; replacing the reference is atomic under the GIL."""
+    """The last published snapshot and the sampler's heartbeat; replacing a reference is atomic under the GIL."""
 
     def __init__(self, initial: Snapshot) -> None:
         self._snapshot = initial
         self._ready = threading.Event()
+        self._last_cycle_end: float | None = None
 
     def get(self) -> Snapshot:
         return self._snapshot
 
     def publish(self, snapshot: Snapshot) -> None:
+        """A successful cycle's snapshot: served from now on, and the exporter is ready."""
         self._snapshot = snapshot
         self._ready.set()
+
+    def replace(self, snapshot: Snapshot) -> None:
+        """Serve ``snapshot`` without saying it is a new cycle's (readiness unchanged)."""
+        self._snapshot = snapshot
+
+    def beat(self, at: float | None = None) -> None:
+        """The sampler finished a cycle (good or bad) at monotonic time ``at`` (default: now)."""
+        self._last_cycle_end = time.monotonic() if at is None else at
+
+    @property
+    def last_cycle_end(self) -> float | None:
+        """Monotonic time the last cycle ended, None before the first: /healthz tells a stuck sampler by it."""
+        return self._last_cycle_end
 
     @property
     def ready(self) -> bool:
@@ -146,22 +161,32 @@ class SamplerThread(threading.Thread):
         self.pipeline = pipeline
         self.holder = holder
         self.interval = interval
-        self._stop = threading.Event()
+        # not ``_stop``: threading.Thread has a method of that name, which join() and is_alive() call
+        self._stopping = threading.Event()
 
     def run_once(self) -> None:
+        """One cycle: publish its snapshot, or after a failure the previous one with the new failure count."""
         try:
-            snapshot, _ = self.pipeline.step()
+            snapshot: Snapshot | None = self.pipeline.step()[0]
         except Exception:  # the daemon must survive any bad cycle
             self.pipeline.failures_total += 1
             log.exception("sampling cycle failed; serving the previous snapshot")
-            return
-        self.holder.publish(snapshot)
+            snapshot = None
+        try:
+            if snapshot is not None:
+                self.holder.publish(snapshot)
+            else:
+                self.holder.replace(with_sample_failures(self.holder.get(), self.pipeline.failures_total))
+        except Exception:
+            log.exception("cannot update the served snapshot's failure count")
+        finally:
+            self.holder.beat()  # failed or not, the sampler is alive
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             started = time.monotonic()
             self.run_once()
-            self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self._stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()

@@ -217,20 +217,23 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
 
 
 def _serve(daemon: Daemon) -> int:
-    from aiohttp import web
+    from exporter.shell.http_limits import ServerLimits, raise_nofile_limit
+    from exporter.shell.http_stats import HttpStats
+    from exporter.shell.server import HttpServer, make_app, run
 
-    from exporter.shell.server import make_app
-
+    # Containers often start with a soft limit of 1024: lift it, then cap connections well under it.
+    limits = ServerLimits().fitted(raise_nofile_limit())
     host, port = daemon.config.host_port
     daemon.start()
-    app = make_app(daemon.holder, stale_after=max(60.0, 20 * daemon.config.interval))
+    stats = HttpStats()
+    app = make_app(daemon.holder, stale_after=max(60.0, 20 * daemon.config.interval), stats=stats)
     shown = f"[{host}]" if ":" in host else host
     print(f"kube-gpu-exporter: node {daemon.node_name}, serving http://{shown}:{port}/metrics",
           flush=True)
     try:
         # One access-log line per scrape is noise in production; keep it for --log-level debug.
         access_log = log if daemon.config.log_level.lower() == "debug" else None
-        web.run_app(app, host=host, port=port, print=None, handle_signals=True, access_log=access_log)
+        run(HttpServer(app, host, port, limits, stats, access_log=access_log))
     finally:
         daemon.close()
     return 0

@@ -1,7 +1,16 @@
-"""HTTP server: serves the last snapshot. A scrape never touches NVML, /proc or the API."""
+"""HTTP server: serves the last snapshot. A scrape never touches NVML, /proc or the API.
+
+:func:`make_app` is the aiohttp application (the routes); :class:`HttpServer` puts it on a listening
+socket with the defences of :mod:`exporter.shell.http_limits` (connection cap, timeouts, one-line
+error reporting) and :func:`run` serves until SIGTERM/SIGINT.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
+import signal
 import time
 from collections.abc import Callable
 
@@ -9,30 +18,47 @@ from aiohttp import web
 
 from exporter.exposition.snapshot import CONTENT_TYPE, scrape_payload
 from exporter.node.sampler import SnapshotHolder
+from exporter.shell.encoding import wants_gzip
+from exporter.shell.http_limits import (
+    ConnectionLimiter,
+    LimitedRequestHandler,
+    ServerLimits,
+    log,
+    loop_exception_handler,
+)
+from exporter.shell.http_stats import HttpStats, RateLimitedLog
 
 INDEX = b"""<html><head><title>kube-gpu-exporter</title></head><body>
 <h1>kube-gpu-exporter</h1><p><a href="/metrics">Metrics</a> &middot; <a href="/healthz">Health</a>
 &middot; <a href="/readyz">Ready</a></p></body></html>"""
 
 
-def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], float] = time.time
+def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], float] = time.time,
+             stats: HttpStats | None = None, monotonic: Callable[[], float] = time.monotonic
              ) -> web.Application:
-    """The aiohttp application; ``stale_after`` seconds without a new snapshot fails /healthz."""
+    """The aiohttp application.
+
+    /healthz fails once the sampler has finished no cycle (good or bad) for ``stale_after`` seconds;
+    ``stats`` are the server's own counters, appended to each scrape.
+    """
 
     async def metrics(request: web.Request) -> web.Response:
         snapshot = holder.get()
-        gz = "gzip" in request.headers.get("Accept-Encoding", "")
-        body = scrape_payload(snapshot, clock(), gz)
-        headers = {"Content-Type": CONTENT_TYPE}
+        gz = wants_gzip(request.headers.getall("Accept-Encoding", None))
+        body = scrape_payload(snapshot, clock(), gz, stats.render() if stats is not None else b"")
+        # Vary: a cache between Prometheus and us must not hand gzip to a client that refused it.
+        headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
         if gz:
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
 
     async def healthz(request: web.Request) -> web.Response:
-        age = clock() - holder.get().built_at
-        if holder.ready and age > stale_after:
+        ended = holder.last_cycle_end
+        if ended is not None and (since := monotonic() - ended) > stale_after:
             # A hung NVML call stops the sampler; failing liveness lets the kubelet restart us.
-            return web.Response(status=503, text=f"snapshot is {age:.1f}s old\n")
+            # Cycles that fail are no reason: the sampler runs, and its failures show in the metrics.
+            return web.Response(status=503, text=f"sampler stuck: last cycle ended {since:.1f}s ago "
+                                                 f"(limit {stale_after:g}s)\n")
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
@@ -49,3 +75,59 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", index)
     return app
+
+
+class HttpServer:
+    """``app`` listening on ``host:port`` through :class:`LimitedRequestHandler` connections."""
+
+    def __init__(self, app: web.Application, host: str, port: int, limits: ServerLimits,
+                 stats: HttpStats, access_log: logging.Logger | None = None) -> None:
+        self.app, self.host, self.requested_port = app, host, port
+        self.limits, self.stats, self.access_log = limits, stats, access_log
+        self.report = RateLimitedLog(log)
+        self.limiter = ConnectionLimiter(limits.max_connections, stats, self.report)
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(loop_exception_handler(self.stats, self.report))
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
+                                     shutdown_timeout=self.limits.shutdown_timeout)
+        await self._runner.setup()
+        # Our own protocol factory instead of web.TCPSite: each connection is a LimitedRequestHandler;
+        # the runner's Server stays its manager (request dispatch, graceful shutdown).
+        factory = functools.partial(LimitedRequestHandler, self._runner.server, loop=loop, limiter=self.limiter,
+                                    stats=self.stats, report=self.report, limits=self.limits,
+                                    access_log=self.access_log)
+        self._server = await loop.create_server(factory, self.host or None, self.requested_port,
+                                                backlog=self.limits.backlog, reuse_address=True)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None and self._server.sockets
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._runner is not None:
+            await self._runner.cleanup()  # closes idle connections, waits a little for busy ones
+
+
+async def serve(server: HttpServer) -> None:
+    """Start ``server`` and serve until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+
+
+def run(server: HttpServer) -> None:
+    """Serve on a new event loop until SIGTERM or SIGINT."""
+    asyncio.run(serve(server))
