@@ -19,9 +19,9 @@ from prometheus_client.registry import Collector
 from exporter.xid.dedup import FALLEN_REPEAT_WINDOW_USEC, FallenEchoFilter, is_fallen_echo
 from exporter.xid.events import PlannerConfig
 from exporter.xid.events_writer import EventsWriter
+from exporter.xid.history import replay_start
 from exporter.xid.kmsg import KmsgReader, parse_record
 from exporter.xid.parse import XidReport
-from exporter.xid.reader import replay_start
 from exporter.xid.stats import XidStats, xid_metric_families
 from exporter.xid.watcher import XidWatcher
 from tests.k8s_double import ApiServerDouble, api_client_for, poll_until

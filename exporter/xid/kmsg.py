@@ -8,6 +8,13 @@ Record format (Documentation/ABI/testing/dev-kmsg)::
 The kernel escapes bytes < 0x20, >= 0x7f and the backslash as ``\\xNN``, so a record's text never
 holds a raw newline and records can be framed line by line. On the device one ``read()`` returns
 exactly one record; a regular file (``cat /dev/kmsg > file``) holds many, cut anywhere by reads.
+
+Bounds: a record's text is cut to :data:`MAX_TEXT_BYTES` (``KmsgRecord.truncated``), and a file's
+record is cut to :data:`MAX_RAW_RECORD_BYTES` before it is framed, so no input makes parsing slow.
+
+History: :class:`KmsgReader` tells which records were already there when it was opened. For a regular
+file that is its content at open (its size then); for the device, every record with a sequence
+number below the one a second handle, put at the end (``SEEK_END``) when we opened, reads first.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import os
 import re
 import select
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +34,12 @@ KERNEL_FACILITY = 0
 # The kernel's CONSOLE_EXT_LOG_MAX is 8 KiB; a smaller buffer makes read() fail with EINVAL.
 DEVICE_READ_SIZE = 16384
 FILE_READ_SIZE = 65536
+# A printk record holds at most ~1 KiB of text (PRINTKRB_RECORD_MAX); 4 KiB leaves room and keeps
+# every parse of a record's text short. Longer text is cut (counted as record_truncated).
+MAX_TEXT_BYTES = 4096
+# A device read returns at most 8 KiB; a record file's longer "record" (one endless line) is cut here
+# while framing, so the framer's buffer stays bounded too.
+MAX_RAW_RECORD_BYTES = 32768
 
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
@@ -42,6 +55,7 @@ class KmsgRecord:
     flags: str  # '-' whole record, 'c'/'+' continuation fragments on old kernels
     text: str  # unescaped; may contain newlines when the kernel printed several lines at once
     fields: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # SUBSYSTEM=, DEVICE=, ...
+    truncated: bool = False  # text cut to MAX_TEXT_BYTES (or the raw record to MAX_RAW_RECORD_BYTES)
 
     @property
     def is_kernel(self) -> bool:
@@ -49,9 +63,22 @@ class KmsgRecord:
         return self.facility == KERNEL_FACILITY
 
 
+def _unescape_bytes(raw: bytes) -> bytes:
+    return _ESCAPE.sub(lambda m: bytes((int(m.group(1), 16),)), raw)
+
+
 def unescape(raw: bytes) -> str:
     """Undo the kernel's ``\\xNN`` escaping and decode as UTF-8 (invalid bytes replaced)."""
-    return _ESCAPE.sub(lambda m: bytes((int(m.group(1), 16),)), raw).decode("utf-8", "replace")
+    return _unescape_bytes(raw).decode("utf-8", "replace")
+
+
+def _text(body: bytes) -> tuple[str, bool]:
+    """The unescaped text, at most :data:`MAX_TEXT_BYTES`, and whether it was cut."""
+    # An escape is 4 bytes for 1, so this much escaped text always yields the whole cap.
+    limit = 4 * MAX_TEXT_BYTES
+    data = _unescape_bytes(body[:limit])
+    cut = len(body) > limit or len(data) > MAX_TEXT_BYTES
+    return data[:MAX_TEXT_BYTES].decode("utf-8", "replace"), cut
 
 
 def _nonneg_int(token: bytes) -> int | None:
@@ -71,6 +98,7 @@ def parse_record(raw: bytes) -> KmsgRecord | None:
     prio, seq, ts = (_nonneg_int(p) for p in parts[:3])
     if prio is None or seq is None or ts is None:
         return None
+    text, cut = _text(body)
     fields: dict[str, str] = {}
     for line in lines[1:]:
         if not line.startswith(b" "):
@@ -84,9 +112,29 @@ def parse_record(raw: bytes) -> KmsgRecord | None:
         seq=seq,
         ts_usec=ts,
         flags=parts[3].decode("ascii", "replace").strip(),
-        text=unescape(body),
+        text=text,
         fields=fields or EMPTY,
+        truncated=cut or len(raw) >= MAX_RAW_RECORD_BYTES,
     )
+
+
+def record_seq(raw: bytes) -> int | None:
+    """The sequence number in a raw record's header; ``None`` when the header is malformed."""
+    header, sep, _ = raw.partition(b"\n")[0].partition(b";")
+    parts = header.split(b",", 3)
+    return _nonneg_int(parts[1]) if sep and len(parts) == 4 else None
+
+
+def history_prefix(records: Sequence[bytes], first_new_seq: int) -> int:
+    """How many leading ``records`` come before sequence number ``first_new_seq`` (device order).
+
+    A record whose header cannot be read goes with the record before it.
+    """
+    for i, raw in enumerate(records):
+        seq = record_seq(raw)
+        if seq is not None and seq >= first_new_seq:
+            return i
+    return len(records)
 
 
 def split_records(buffer: bytes, *, final: bool) -> tuple[list[bytes], bytes]:
@@ -132,29 +180,54 @@ class ReadBatch:
     records: tuple[bytes, ...]
     epipe: int  # EPIPE errors survived (records lost to the ring buffer wrapping)
     drained: bool  # nothing more available right now (EAGAIN or end of file)
+    history: int = 0  # how many leading records were already there when the reader was opened
 
 
 class KmsgReader:
-    """Adapter over an opened kmsg device or record file: non-blocking, record-framed."""
+    """Adapter over an opened kmsg device or record file: non-blocking, record-framed.
 
-    def __init__(self, raw: RawSource, *, record_per_read: bool, fileno: int | None = None) -> None:
+    It also tells history from new records (see the module docstring): ``history_bytes`` is a
+    file's size at open; ``marker`` a second device handle opened at the end (``SEEK_END``) before
+    ``raw``. Without either, history ends where the first read finds nothing more (``drained``).
+    """
+
+    def __init__(self, raw: RawSource, *, record_per_read: bool, fileno: int | None = None,
+                 history_bytes: int | None = None, marker: RawSource | None = None) -> None:
         self._raw = raw
         self._record_per_read = record_per_read
         self._fileno = fileno
         self._read_size = DEVICE_READ_SIZE if record_per_read else FILE_READ_SIZE
         self._buffer = b""
+        self._discarding = False  # inside a line longer than MAX_RAW_RECORD_BYTES: drop to its end
+        self._history_left = history_bytes
+        self._marker = marker
+        self._first_new_seq: int | None = None  # the marker's first record: the first one after open
+        self.history_done = False
 
     @classmethod
     def open(cls, path: str) -> KmsgReader:
         """Open ``path`` non-blocking; a character device is read one record per ``read()``."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        marker = _open_marker(path)  # first: a record printed while we open is new, never history
         try:
-            is_device = stat.S_ISCHR(os.fstat(fd).st_mode)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except BaseException:
+            if marker is not None:
+                marker.close()
+            raise
+        try:
+            st = os.fstat(fd)
             raw = os.fdopen(fd, "rb", buffering=0)
         except BaseException:
             os.close(fd)
+            if marker is not None:
+                marker.close()
             raise
-        return cls(raw, record_per_read=is_device, fileno=fd)
+        if stat.S_ISCHR(st.st_mode):
+            return cls(raw, record_per_read=True, fileno=fd, marker=marker)
+        if marker is not None:
+            marker.close()
+        size = st.st_size if stat.S_ISREG(st.st_mode) else None
+        return cls(raw, record_per_read=False, fileno=fd, history_bytes=size)
 
     @property
     def is_device(self) -> bool:
@@ -162,16 +235,27 @@ class KmsgReader:
         return self._record_per_read
 
     def read_available(self, max_records: int = 1000) -> ReadBatch:
-        """Read what is available now, up to about ``max_records`` records; never blocks."""
+        """Read what is available now, up to about ``max_records`` records; never blocks.
+
+        Until :attr:`history_done`, ``history`` says how many of the leading records are history.
+        """
         records: list[bytes] = []
         epipe = 0
         drained = False
+        boundary: int | None = None  # where a file's content at open ended, in this batch
         # Bounded so a source that raises EPIPE forever cannot spin here.
         for _ in range(max_records * 2 + 2):
             if len(records) >= max_records:
                 break
+            size = self._read_size
+            if self._history_left is not None:
+                if self._history_left <= 0:  # the file's content at open is read: frame its last record
+                    records.extend(self._frame(b"", final=True))
+                    boundary, self._history_left = len(records), None
+                    continue
+                size = min(size, self._history_left)
             try:
-                data = self._raw.read(self._read_size)
+                data = self._raw.read(size)
             except BrokenPipeError:
                 epipe += 1  # the next read returns the oldest record still present
                 continue
@@ -186,13 +270,68 @@ class KmsgReader:
                 else:
                     raise
             if not data:
-                done, self._buffer = split_records(self._buffer, final=True)
-                records.extend(done)
+                records.extend(self._frame(b"", final=True))
                 drained = True
                 break
-            done, self._buffer = split_records(self._buffer + data, final=self._record_per_read)
-            records.extend(done)
-        return ReadBatch(tuple(records), epipe, drained)
+            if self._history_left is not None:
+                self._history_left -= len(data)
+            records.extend(self._frame(data, final=self._record_per_read))
+        history = self._history_count(records, drained, boundary)
+        return ReadBatch(tuple(records), epipe, drained, history)
+
+    def _frame(self, data: bytes, *, final: bool) -> list[bytes]:
+        """Frame ``data`` after the buffered rest; a record longer than the cap is cut."""
+        if self._discarding:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return []
+            data, self._discarding = data[nl + 1 :], False
+        done, self._buffer = split_records(self._buffer + data, final=final)
+        if len(self._buffer) > MAX_RAW_RECORD_BYTES:
+            cut, rest = self._buffer[:MAX_RAW_RECORD_BYTES], self._buffer[MAX_RAW_RECORD_BYTES:]
+            done.append(cut)  # parse_record marks a record this long as truncated
+            nl = rest.find(b"\n")
+            self._discarding = nl < 0
+            self._buffer = b"" if nl < 0 else rest[nl + 1 :]
+        return done
+
+    def _history_count(self, records: list[bytes], drained: bool, boundary: int | None) -> int:
+        """How many leading ``records`` are history; ends history where it ends (``boundary``: where
+        a file's content at open ended; ``drained``: nothing more was there)."""
+        if self.history_done:
+            return 0
+        if self._record_per_read and self._first_new_seq is None and self._marker is not None:
+            # Polled after the reads: a record the marker has not seen yet was there at open.
+            self._poll_marker()
+        count = len(records) if boundary is None else boundary
+        if self._first_new_seq is not None:
+            count = history_prefix(records, self._first_new_seq)
+        if drained or count < len(records) or boundary is not None:
+            self.history_done = True
+            self._close_marker()
+        return count
+
+    def _poll_marker(self) -> None:
+        assert self._marker is not None
+        for _ in range(2):  # EPIPE: the ring wrapped past the marker; the retry reads the oldest left
+            try:
+                data = self._marker.read(DEVICE_READ_SIZE)
+            except BrokenPipeError:
+                continue
+            except BlockingIOError:
+                return  # nothing printed since open
+            except OSError:
+                break
+            if not data:
+                return  # nothing printed since open
+            self._first_new_seq = record_seq(data)
+            break
+        self._close_marker()  # known now, or the marker is no use: history ends at the first drain
+
+    def _close_marker(self) -> None:
+        if self._marker is not None:
+            self._marker.close()
+            self._marker = None
 
     @property
     def pollable(self) -> bool:
@@ -209,4 +348,22 @@ class KmsgReader:
 
     def close(self) -> None:
         """Close the underlying source."""
+        self._close_marker()
         self._raw.close()
+
+
+def _open_marker(path: str) -> RawSource | None:
+    """A second handle on a kmsg device, at its end: the first record it reads is the first new one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        os.lseek(fd, 0, os.SEEK_END)
+        return os.fdopen(fd, "rb", buffering=0)
+    except OSError:
+        os.close(fd)
+        return None

@@ -20,17 +20,28 @@ from dataclasses import dataclass
 from exporter.model import DeviceSample
 
 FALLEN_OFF_BUS_XID = 79
+# Codes that become series: NVIDIA's catalog goes to about 160 today and grows by a few codes a
+# driver branch; three digits leave that room while bounding the `xid` label (and the Events).
+XID_MIN, XID_MAX = 1, 999
+# The longest line the parser looks at (a kmsg record's text is cut to 4 KiB before it gets here).
+MAX_LINE_CHARS = 4096
 
-_XID = re.compile(r"NVRM: Xid \((?P<loc>[^)]{1,80})\): (?P<xid>\d{1,6})\b,?\s*(?P<rest>.*)")
+# Every pattern below is linear: bounded quantifiers, or one unbounded run that nothing after it
+# competes for, so no input makes the regex engine backtrack over the line.
+_XID = re.compile(r"NVRM: Xid \((?P<loc>[^)]{1,80})\): (?P<xid>[0-9]{1,6})\b,?")
 _LOC = re.compile(
-    r"^\s*(?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)"
-    r"(?:\s+GPU-I:\s*(?P<gi>\d{1,3}))?(?:\s+GPU-CI:\s*(?P<ci>\d{1,3}))?\s*$"
+    r"\s{0,8}(?:PCI:)?(?P<pci>[0-9A-Fa-f:.]{1,24})"
+    r"(?:\s{1,8}GPU-I:\s{0,8}(?P<gi>[0-9]{1,3}))?(?:\s{1,8}GPU-CI:\s{0,8}(?P<ci>[0-9]{1,3}))?\s{0,8}"
 )
-_GPU_AT = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9A-Fa-f:.]+): (?P<uuid>GPU-[0-9A-Fa-f-]{8,64})")
+_GPU_AT = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9A-Fa-f:.]{1,24}): (?P<uuid>GPU-[0-9A-Fa-f-]{8,64})")
 _PCI_IN_TEXT = re.compile(r"\b(?P<pci>(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\b")
-_THE_GPU = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9A-Fa-f:.]+)")
+_THE_GPU = re.compile(r"NVRM: The NVIDIA GPU (?P<pci>[0-9A-Fa-f:.]{1,24})")
 _FALLEN = re.compile(r"fallen off the bus", re.IGNORECASE)
-_RECOVERY = re.compile(r"recovery action changed from .*? to (?P<code>0x[0-9A-Fa-f]+)\s*\((?P<text>[^)]*)\)")
+# Xid 154: "... recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)". The part
+# after "from" is found by str.find, and this is matched only where a candidate " to 0x" starts.
+_RECOVERY_FROM = "recovery action changed from "
+_RECOVERY_TO = re.compile(r" to (?P<code>0x[0-9A-Fa-f]{1,16})\s{0,8}\((?P<text>[^)]{0,128})\)")
+_RECOVERY_SPAN = len(" to 0x") + 16 + 8 + 1 + 128  # from " to" to the closing parenthesis, at most
 _UNKNOWN = {"<unknown>", "'<unknown>'", "unknown", ""}
 # A "The NVIDIA GPU <pci>" header and the line saying it fell off are a few lines apart.
 _MULTILINE_SPAN = 4
@@ -120,26 +131,53 @@ def _split_field(rest: str, key: str) -> tuple[str | None, str]:
     return value.strip(), tail
 
 
+def xid_in_range(code: int) -> bool:
+    """Whether ``code`` is a plausible Xid (:data:`XID_MIN`..:data:`XID_MAX`): only those become series."""
+    return XID_MIN <= code <= XID_MAX
+
+
+def _recovery_action(rest: str) -> str | None:
+    """Xid 154's new recovery action (the text in parentheses after ``to 0x..``), in linear time."""
+    start = rest.find(_RECOVERY_FROM)
+    if start < 0:
+        return None
+    pos, close = start + len(_RECOVERY_FROM), -1
+    while (pos := rest.find(" to 0x", pos)) >= 0:
+        if close < pos:
+            close = rest.find(")", pos)  # a match ends at the first ")" after its start
+            if close < 0:
+                return None
+        if close - pos > _RECOVERY_SPAN:
+            pos = close - _RECOVERY_SPAN  # candidates this far before the ")" cannot match: skip them
+            continue
+        match = _RECOVERY_TO.match(rest, pos)
+        if match:
+            return match.group("text").strip()
+        pos += 1
+    return None
+
+
 def parse_xid_line(line: str) -> XidReport | None:
     """Parse one ``NVRM: Xid (...)`` line; ``None`` when the line is not a well-formed one."""
     match = _XID.search(line)
     if not match:
         return None
-    loc = _LOC.match(match.group("loc"))
+    loc = _LOC.fullmatch(match.group("loc"))
     if not loc:
         return None
     pci = normalize_pci(loc.group("pci"))
     if pci is None:
         return None
-    rest = match.group("rest").strip()
+    rest = line[match.end() :].lstrip().partition("\n")[0].strip()
     pid_text, rest = _split_field(rest, "pid")
     name, rest = _split_field(rest, "name")
     pid: int | None = None
     if pid_text is not None and pid_text not in _UNKNOWN:
-        pid = int(pid_text) if pid_text.isdigit() and len(pid_text) <= 10 else None
+        # isascii: str.isdigit() also accepts digits such as "²" that int() rejects
+        ok = pid_text.isascii() and pid_text.isdigit() and len(pid_text) <= 10
+        pid = int(pid_text) if ok else None
     if name is not None and name in _UNKNOWN:
         name = None
-    recovery = _RECOVERY.search(rest)
     return XidReport(
         xid=int(match.group("xid")),
         pci=pci,
@@ -148,7 +186,7 @@ def parse_xid_line(line: str) -> XidReport | None:
         pid=pid,
         process_name=name,
         message=rest,
-        recovery_action=recovery.group("text").strip() if recovery else None,
+        recovery_action=_recovery_action(rest),
     )
 
 
@@ -177,8 +215,10 @@ def scan_line(
 ) -> tuple[ScanState, Finding | None]:
     """Classify one log line; ``device_pci`` is the record's ``DEVICE=+pci:`` address, if any.
 
-    Returns the next state and what the line reports. Never raises.
+    Returns the next state and what the line reports. Never raises. Only the first
+    :data:`MAX_LINE_CHARS` characters are looked at.
     """
+    line = line[:MAX_LINE_CHARS]
     pending = state.pending_pci if state.lines_left > 0 else None
     next_state = ScanState(pending, state.lines_left - 1) if pending else ScanState()
     if "NVRM" not in line and not (pending and _FALLEN.search(line)):

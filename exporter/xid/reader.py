@@ -1,43 +1,46 @@
 """Reading the kernel log: history at start (and the lookback to replay), the batch loop, record scanning.
 
 At start the records already present (the kernel ring buffer, or a file's current content) are
-*history*: they only feed the driver's ``GPU at PCI:...`` map, except the last ``lookback_seconds``
-of it, measured from the newest history record so that the same rule works for the device and for
-files. Everything read after that is live.
+*history*: the reader tells them by sequence number (the device) or by the file's size at open,
+never by how many there are. History only feeds the driver's ``GPU at PCI:...`` map, except the
+Xids of the last ``lookback_seconds`` of it (``exporter.xid.history``). It is read in batches and
+only those Xids are kept, so a history of any length is read in bounded memory. Everything read
+after that is live.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from exporter.model import EMPTY
+from exporter.xid.history import LookbackWindow
 from exporter.xid.kmsg import KmsgReader, KmsgRecord, parse_record
-from exporter.xid.parse import GpuAnnouncement, ScanState, XidReport, normalize_pci, scan_line
+from exporter.xid.parse import GpuAnnouncement, ScanState, XidReport, normalize_pci, scan_line, xid_in_range
 from exporter.xid.stats import XidCounters
 
 # The watcher's logger: the split into modules leaves its log lines (and filters on them) as they were.
 log = logging.getLogger("exporter.xid.watcher")
 
-MAX_HISTORY_RECORDS = 200_000  # a storm while we drain history must not keep start() busy forever
 BATCH_RECORDS = 500
+# The driver announces each GPU once per load; a node has a few dozen PCI addresses at most. More
+# distinct ones are not a real node's: the oldest announcement is forgotten.
+MAX_GPU_ANNOUNCEMENTS = 1024
 
 ParsedRecord = tuple[bytes, KmsgRecord | None]  # the raw record and its parse (None: malformed)
+HistoryXid = tuple[XidReport, KmsgRecord]  # a history Xid to replay, with its record (text dropped)
 XidHandler = Callable[[XidReport, KmsgRecord], None]
 
 
-def replay_start(history: Sequence[KmsgRecord | None], lookback_seconds: float) -> int:
-    """Index of the first history record to treat as new: within the lookback of the newest one."""
-    if lookback_seconds <= 0:
-        return len(history)
-    stamps = [r.ts_usec for r in history if r is not None]
-    if not stamps:
-        return len(history)
-    cutoff = max(stamps) - int(lookback_seconds * 1_000_000)
-    for i, rec in enumerate(history):
-        if rec is not None and rec.ts_usec >= cutoff:
-            return i
-    return len(history)
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What :meth:`KmsgFeed.read_history` leaves for the watcher's thread."""
+
+    xids: list[HistoryXid] = field(default_factory=list)  # history Xids within the lookback
+    live: list[ParsedRecord] = field(default_factory=list)  # new records read with the last history
 
 
 def device_pci(rec: KmsgRecord) -> str | None:
@@ -59,27 +62,35 @@ class RecordScanner:
         self.gpu_from_log = gpu_from_log  # filled here, read by whoever resolves GPUs
         self._scan = ScanState()
 
-    def scan(self, raw: bytes, rec: KmsgRecord | None, *, live: bool) -> None:
-        """Count the record; pass its Xids on when ``live`` (history only feeds the GPU map)."""
+    def scan(self, raw: bytes, rec: KmsgRecord | None, *, live: bool) -> list[XidReport]:
+        """Count the record and return its Xids; pass them on when ``live`` (history only feeds the GPU map)."""
         self._counters.add(records=1)
         if rec is None:
             if raw.strip():
                 self._counters.skip("malformed_record")
-            return
+            return []
+        if rec.truncated:
+            self._counters.skip("record_truncated")  # parsed as far as the cap
         if not rec.is_kernel:
             if "NVRM" in rec.text:
                 self._counters.skip("not_from_kernel")  # user space can write /dev/kmsg: never trust it
-            return
+            return []
         dev = device_pci(rec)
+        xids: list[XidReport] = []
         for line in rec.text.split("\n"):
             self._scan, found = scan_line(self._scan, line, dev)
             if found is None:
                 if "NVRM: Xid" in line:
                     self._counters.skip("malformed_xid_line")
             elif isinstance(found, GpuAnnouncement):
-                self.gpu_from_log[found.pci] = found.uuid
+                self._announce(found)
+            elif not xid_in_range(found.xid):
+                self._counters.skip("xid_out_of_range")  # no series, no Event: the label stays bounded
             elif live:
                 self._on_xid(found, rec)
+            else:
+                xids.append(found)
+        return xids
 
     def scan_live(self, raw: bytes, rec: KmsgRecord | None) -> None:
         """:meth:`scan` a new record; an exception is logged and counted, never raised."""
@@ -88,6 +99,29 @@ class RecordScanner:
         except Exception:  # a bug on one record must not end the watcher
             log.exception("handling kmsg record %r", raw[:200])
             self._counters.skip("internal_error")
+
+    def scan_history(self, raw: bytes, rec: KmsgRecord | None) -> list[XidReport]:
+        """:meth:`scan` a history record; an exception is logged and counted, never raised."""
+        try:
+            return self.scan(raw, rec, live=False)
+        except Exception:  # a bug on one record must not fail the start
+            log.exception("handling kmsg record %r", raw[:200])
+            self._counters.skip("internal_error")
+            return []
+
+    def replay_xid(self, report: XidReport, rec: KmsgRecord) -> None:
+        """Hand on a history Xid within the lookback; an exception is logged and counted, never raised."""
+        try:
+            self._on_xid(report, rec)
+        except Exception:
+            log.exception("handling replayed Xid %r", report)
+            self._counters.skip("internal_error")
+
+    def _announce(self, found: GpuAnnouncement) -> None:
+        self.gpu_from_log.pop(found.pci, None)  # re-announced: now the newest
+        self.gpu_from_log[found.pci] = found.uuid
+        while len(self.gpu_from_log) > MAX_GPU_ANNOUNCEMENTS:
+            del self.gpu_from_log[next(iter(self.gpu_from_log))]
 
 
 class KmsgFeed:
@@ -126,27 +160,39 @@ class KmsgFeed:
             self.reader.close()
             self.reader = None
 
-    def read_history(self, lookback_seconds: float) -> list[ParsedRecord]:
-        """Read what is there now; keep the GPU map from it, return the lookback part to replay."""
-        assert self.reader is not None
-        raws: list[bytes] = []
-        while len(raws) < MAX_HISTORY_RECORDS:
-            batch = self.reader.read_available(max_records=MAX_HISTORY_RECORDS - len(raws))
-            raws.extend(batch.records)
-            self._counters.add(epipe=batch.epipe)
-            if batch.drained:
-                break
-        parsed = [parse_record(raw) for raw in raws]
-        first_new = replay_start(parsed, lookback_seconds)
-        for raw, rec in zip(raws[:first_new], parsed[:first_new], strict=True):
-            self._scanner.scan(raw, rec, live=False)
-        self._counters.add(history_skipped=first_new)
-        # Replayed on the thread: start() must not wait on the resolvers.
-        return list(zip(raws[first_new:], parsed[first_new:], strict=True))
+    def read_history(self, lookback_seconds: float) -> Replay:
+        """Read the records there at open; keep the GPU map from them, return the lookback's Xids to replay.
 
-    def run(self, replay: list[ParsedRecord], each_round: Callable[[], None]) -> None:
+        Reads until the reader says history is over (not a count of records), batch by batch, and
+        keeps only what is replayed: a ring buffer or file of any size is read in bounded memory.
+        """
+        reader = self.reader
+        assert reader is not None
+        window: LookbackWindow[HistoryXid] = LookbackWindow(lookback_seconds)
+        live: list[ParsedRecord] = []
+        while not reader.history_done:
+            batch = reader.read_available(max_records=BATCH_RECORDS)
+            self._counters.add(epipe=batch.epipe)
+            for raw in batch.records[: batch.history]:
+                rec = parse_record(raw)
+                xids = self._scanner.scan_history(raw, rec)
+                if rec is None:
+                    window.add(None)
+                elif xids and window.active:
+                    slim = dataclasses.replace(rec, text="", fields=EMPTY)  # only seq and time are used
+                    window.add(rec.ts_usec, [(x, slim) for x in xids])
+                else:
+                    window.add(rec.ts_usec)
+            live.extend((raw, parse_record(raw)) for raw in batch.records[batch.history :])
+        self._counters.add(history_skipped=window.first_new)
+        # Replayed on the thread: start() must not wait on the resolvers.
+        return Replay(window.replay(), live)
+
+    def run(self, replay: Replay, each_round: Callable[[], None]) -> None:
         """The reading thread's body: ``replay``, then batches and ``each_round`` until stopped."""
-        for raw, rec in replay:
+        for report, rec in replay.xids:
+            self._scanner.replay_xid(report, rec)
+        for raw, rec in replay.live:
             self._scanner.scan_live(raw, rec)
         while not self._stop.is_set():
             drained, failed = True, False

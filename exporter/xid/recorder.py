@@ -17,7 +17,7 @@ from exporter.xid.dedup import NVML_DEDUP_WINDOW_SECONDS, FallenEchoFilter, XidD
 from exporter.xid.emitter import EventEmitter
 from exporter.xid.events import EventWrite, PodRef, XidOccurrence
 from exporter.xid.kmsg import KmsgRecord
-from exporter.xid.parse import XidReport
+from exporter.xid.parse import XidReport, xid_in_range
 from exporter.xid.stats import XidCounters, XidCountKey
 
 if TYPE_CHECKING:
@@ -94,6 +94,9 @@ class XidRecorder:
 
     def offer_nvml(self, xid: NvmlXid) -> None:
         """The NVML source's handoff (its thread): queue ``xid`` for the watcher's thread."""
+        if not xid_in_range(xid.xid):
+            self._counters.skip("xid_out_of_range")  # NVML's event data is any 64-bit number
+            return
         try:
             self._nvml_queue.put_nowait(xid)
         except queue.Full:

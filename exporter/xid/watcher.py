@@ -5,12 +5,12 @@ loop, record scanning), ``recorder`` (GPU and pod, the NVML handoff, counting, p
 ``dedup`` (fallen-off-the-bus echo, NVML vs kernel-log pairing), ``stats`` (counts, snapshot,
 metric families) and ``emitter`` (Event planning and submission).
 
-Restart safety: at :meth:`XidWatcher.start` the records already present (the kernel ring buffer,
-or a file's current content) are read as *history*. History only feeds the driver's
-``GPU at PCI:...`` map, except the last ``lookback_seconds`` of it (measured from the newest history
-record, so the same rule works for the device and for files); everything after start is counted
-and reported. ``replay_from_start`` treats a file's whole content as new (tests, replaying a
-captured log).
+Restart safety: at :meth:`XidWatcher.start` the records already present (the kernel ring buffer
+up to the sequence number current at open, or a file's content at open: never a count of records)
+are read as *history*. History only feeds the driver's ``GPU at PCI:...`` map, except the Xids of
+the last ``lookback_seconds`` of it (measured from the newest history record, so the same rule
+works for the device and for files); everything after start is counted and reported.
+``replay_from_start`` treats a file's whole content as new (tests, replaying a captured log).
 
 Timestamps in the metrics and events are when the exporter read the record (kmsg only carries
 time since boot); the kmsg sequence number and boot-relative time are kept in the event note.
@@ -35,7 +35,7 @@ from exporter.xid.dedup import NVML_DEDUP_WINDOW_SECONDS
 from exporter.xid.emitter import EventEmitter
 from exporter.xid.events import EventsSink, PlannerConfig
 from exporter.xid.kmsg import KmsgReader
-from exporter.xid.reader import KmsgFeed, ParsedRecord, RecordScanner
+from exporter.xid.reader import KmsgFeed, RecordScanner, Replay
 from exporter.xid.recorder import BusIdResolver, PidResolver, XidRecorder
 from exporter.xid.stats import XidCounters, XidStats
 
@@ -105,7 +105,7 @@ class XidWatcher:
                 self._counters.skip("read_error")
         if self._nvml is not None:
             self._nvml.start(self.offer_nvml)  # before history: NVML delivers nothing older than this
-        replay: list[ParsedRecord] = []
+        replay = Replay()
         if self._feed.reader is not None and not self._replay_from_start:
             try:
                 replay = self._feed.read_history(self._lookback)
@@ -119,15 +119,19 @@ class XidWatcher:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop reading, count the NVML Xids still held, hand the final series updates to the sink."""
+        """Stop reading, count the NVML Xids still held, hand the final series updates to the sink.
+
+        The thread counts the held NVML Xids as it ends. If it has not ended within ``timeout`` (busy
+        with a batch, a slow resolver), they are counted here instead: each is taken from the queue
+        or the dedup state under the lock, so none is counted twice.
+        """
         if self._nvml is not None:
             self._nvml.stop(timeout)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-            if not self._thread.is_alive():
-                # Nothing can pair with the held NVML Xids any more: they are incidents of their own.
-                self._recorder.nvml_drain()
+            if self._thread.is_alive() and self._nvml is not None:
+                self._drain_nvml()
         self._emitter.flush()
         self._feed.close()
 
@@ -147,8 +151,20 @@ class XidWatcher:
         """The NVML source's handoff (its thread): queue ``xid`` for this watcher's thread."""
         self._recorder.offer_nvml(xid)
 
-    def _run(self, replay: list[ParsedRecord]) -> None:
-        self._feed.run(replay, self._each_round)
+    def _run(self, replay: Replay) -> None:
+        try:
+            self._feed.run(replay, self._each_round)
+        finally:
+            if self._nvml is not None:
+                # Nothing can pair with the held NVML Xids any more: they are incidents of their own.
+                self._drain_nvml()
+
+    def _drain_nvml(self) -> None:
+        try:
+            self._recorder.nvml_drain()
+        except Exception:  # stop() and the thread's end must not raise
+            log.exception("counting the held NVML Xids")
+            self._counters.skip("internal_error")
 
     def _each_round(self) -> None:
         # After each batch (or idle poll): NVML Xids whose window has passed, then due series updates.
