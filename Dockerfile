@@ -5,13 +5,15 @@
 #   docker run --rm -p 9400:9400 -v "$PWD/examples:/examples:ro" kube-gpu-exporter:0.1.0 \
 #       --simulate /examples/seed-cgpu-t4.yaml
 #
-# The image runs as an unprivileged user (uid 65532) by default, which is enough for --simulate,
-# `kube-gpu-exporter rules` and `render`. On a GPU node the Helm chart decides the privileges
-# (docs/deploy.md): it mounts the host's /proc at /host/proc (NVML reports host PIDs; no hostPID
-# needed), and runs the container as uid 0 with every capability dropped so it can connect to the
-# kubelet's root-owned pod-resources socket; reading the host's /dev/kmsg for Xid errors
-# additionally needs a privileged container (the device cgroup only admits /dev/kmsg then) and
-# CAP_SYSLOG when kernel.dmesg_restrict=1.
+# The image runs as an unprivileged user, uid/gid 9400, and so does the Helm chart by default
+# (docs/deploy.md#security-context): NVML through the NVIDIA container runtime, the host's /proc
+# mounted read-only at /host/proc (NVML reports host PIDs; /proc/<pid>/cgroup and stat are
+# world-readable, so no hostPID and no capability), Xids from NVML events. 9400 is not a common
+# uid on purpose: a process can read /proc/<pid>/environ of processes of its own uid, so the
+# exporter must not share one with workloads (65532 of distroless images, 65534, 1000, ...).
+# Only the chart's opt-ins need more: uid 0 for the kubelet's root-owned pod-resources socket
+# (podResources.enabled), and a privileged container, uid 0 with CAP_SYSLOG where
+# kernel.dmesg_restrict=1, to read the host's /dev/kmsg (xid.kmsg.enabled).
 # NVML (libnvidia-ml.so) is not in the image: the NVIDIA container runtime injects the host
 # driver's libraries (NVIDIA_DRIVER_CAPABILITIES=utility, set below).
 
@@ -38,11 +40,14 @@ ENV PATH=/opt/kube-gpu-exporter/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility
 COPY --from=build /opt/kube-gpu-exporter /opt/kube-gpu-exporter
-RUN groupadd --system --gid 65532 kube-gpu-exporter \
- && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+# Not --system: 9400 is above SYS_UID_MAX, which would only earn a warning. --no-log-init keeps
+# lastlog/faillog entries (sparse files sized by the uid) out of the layer.
+RUN groupadd --gid 9400 kube-gpu-exporter \
+ && useradd --uid 9400 --gid 9400 --no-log-init --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin kube-gpu-exporter
-# Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
-USER 65532:65532
+# Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd; the same
+# uid/gid as the chart's securityContext (tests/test_dockerfile.py checks both).
+USER 9400:9400
 EXPOSE 9400
 # No HEALTHCHECK, on purpose: Kubernetes ignores it (the Helm chart's liveness and readiness probes
 # call /healthz and /readyz instead), the listen address is a run-time setting (--listen or

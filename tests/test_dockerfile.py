@@ -176,6 +176,20 @@ def test_runs_as_a_numeric_non_root_user_that_the_image_creates():
     assert len(users) == 1
 
 
+def test_the_image_user_is_the_charts_non_root_user():
+    """The chart's default securityContext runs as the image's own user (runAsNonRoot checks the uid)."""
+    import yaml
+
+    (user,) = final_stage().all("USER")
+    uid, gid = (int(x) for x in user.args.split(":"))
+    values = yaml.safe_load((ROOT / "helm" / "kube-gpu-exporter" / "values.yaml").read_text())
+    sc = values["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (uid, gid, True)
+    # a uid workloads do not commonly use: processes of one uid can read each other's
+    # /proc/<pid>/environ, and the exporter sees the host's /proc
+    assert uid not in (0, 1000, 65532, 65534) and gid not in (0, 1000, 65532, 65534)
+
+
 def test_healthcheck_or_documented_why_not():
     text = DOCKERFILE.read_text()
     if final_stage().all("HEALTHCHECK"):

@@ -22,6 +22,7 @@ import yaml
 
 from exporter.bundle.rules import RuleOptions, render_rules
 from exporter.shell.config import OPTIONS, load_config
+from exporter.xid.events import EVENT_NAMESPACE
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "kube-gpu-exporter"
@@ -97,17 +98,44 @@ def named(objs: list[dict], kind: str, name: str) -> dict:
     return found[0]
 
 
+CLUSTER = "cluster"  # the scope of a ClusterRoleBinding's grants: every namespace and cluster-scoped
+
+
+def rbac_grants(objs: list[dict]) -> set[tuple[str, str, str, str]]:
+    """(apiGroup, resource, verb, scope) granted through the chart's bindings: scope CLUSTER for a
+    ClusterRoleBinding, the binding's namespace for a RoleBinding. Every binding must name a role
+    the chart renders, and bind the ServiceAccount the DaemonSet runs as."""
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+             for o in objs if o["kind"] in ("Role", "ClusterRole")}
+    pods = by_kind(objs, "DaemonSet")
+    sa = pods[0]["spec"]["template"]["spec"]["serviceAccountName"] if pods else None
+    grants: set[tuple[str, str, str, str]] = set()
+    bound = set()
+    for binding in objs:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        ns = binding["metadata"]["namespace"] if binding["kind"] == "RoleBinding" else None
+        ref = binding["roleRef"]
+        key = (ref["kind"], ns if ref["kind"] == "Role" else None, ref["name"])
+        assert key in roles, f"{binding['kind']}/{binding['metadata']['name']} binds a role the chart lacks"
+        bound.add(key)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+        for rule in roles[key]["rules"]:
+            grants |= {(g, r, v, ns or CLUSTER) for g in rule["apiGroups"] for r in rule["resources"]
+                       for v in rule["verbs"]}
+    assert bound == set(roles), "a role without its binding"
+    return grants
+
+
 def rbac_rules(objs: list[dict]) -> set[tuple[str, str, str]]:
-    roles = by_kind(objs, "ClusterRole")
-    if not roles:
-        return set()
-    assert len(roles) == 1
-    return {(g, r, v) for rule in roles[0]["rules"] for g in rule["apiGroups"]
-            for r in rule["resources"] for v in rule["verbs"]}
+    return {(g, r, v) for g, r, v, _ in rbac_grants(objs)}
 
 
+OPT_INS = {"podResources": {"enabled": True}, "xid": {"kmsg": {"enabled": True}}}
 ALL_ON = {
     **WITH_CRDS,
+    **OPT_INS,
+    "networkPolicy": {"enabled": True},
     "prometheusAdapter": {"configMap": {"enabled": True}},
     "runtimeClassName": "nvidia",
     "priorityClassName": "system-node-critical",
@@ -125,7 +153,14 @@ VALUE_SETS = {
     "default": {},
     "all-on": ALL_ON,
     "xid-off": {"xid": {"enabled": False}},
-    "xid-unprivileged": {"xid": {"privileged": False}},
+    "kmsg": {"xid": {"kmsg": {"enabled": True}}},
+    "kmsg-unprivileged": {"xid": {"kmsg": {"enabled": True, "privileged": False}}},
+    "kmsg-non-root": {"xid": {"kmsg": {"enabled": True, "runAsRoot": False}}},
+    "pod-resources": {"podResources": {"enabled": True}},
+    "network-policy": {"networkPolicy": {"enabled": True, "from": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        {"ipBlock": {"cidr": "10.0.0.0/8"}}]}},
     "no-pod-resources-no-watch": {"podResources": {"enabled": False}, "config": {"podWatch": False}},
     "no-rbac-no-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "gpu-sa"}},
 }
@@ -171,6 +206,9 @@ def test_every_object_is_namespaced_in_the_release_namespace_or_cluster_scoped()
     for obj in render(ALL_ON):
         if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             assert "namespace" not in obj["metadata"]
+        elif obj["kind"] in ("Role", "RoleBinding"):
+            # the Events' Role lives where the exporter writes them (exporter/xid/events.py)
+            assert obj["metadata"]["namespace"] == EVENT_NAMESPACE, obj["kind"]
         else:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
 
@@ -204,8 +242,15 @@ def test_schema_rejects_unknown_or_chart_managed_config_keys():
 # DaemonSet
 
 
-def test_daemonset_mounts_host_proc_pod_resources_and_kmsg_read_only():
+def test_daemonset_mounts_only_host_proc_by_default():
     objs = render()
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert {v["name"] for v in pod["volumes"]} == {"host-proc", "tmp"}
+    assert {m["name"] for m in container(objs)["volumeMounts"]} == {"host-proc", "tmp"}
+
+
+def test_daemonset_mounts_host_proc_pod_resources_and_kmsg_read_only():
+    objs = render(OPT_INS)
     pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in container(objs)["volumeMounts"]}
@@ -238,10 +283,36 @@ def test_daemonset_without_xid_or_pod_resources_has_neither_mount():
     assert "KUBE_GPU_EXPORTER_KMSG_PATH" not in env
 
 
+def _exporter_config(objs: list[dict]):
+    env = {k: v for k, v in env_of(objs).items() if k.startswith("KUBE_GPU_EXPORTER_")}
+    return load_config(container(objs)["args"], environ=env)
+
+
+def test_default_env_takes_xids_from_nvml_events_only():
+    cfg = _exporter_config(render())
+    assert (cfg.xid, cfg.xid_nvml_events, cfg.events, cfg.pod_watch) == (True, True, True, True)
+    assert cfg.kmsg_path == "none"  # nothing mounted at /dev/kmsg: the exporter is told, it does not try
+    assert cfg.pod_resources_socket == ""  # off: the kubelet's socket is root's
+    cfg = _exporter_config(render({"config": {"xidNvmlEvents": False}, "xid": {"kmsg": {"enabled": True}}}))
+    assert (cfg.xid, cfg.xid_nvml_events, cfg.kmsg_path) == (True, False, "/dev/kmsg")
+    # the watcher needs a source: the chart refuses to leave it none
+    with pytest.raises(helm_python.HelmRenderError, match="no source"):
+        helm_python.Chart.load(CHART).render({"config": {"xidNvmlEvents": False}}, name=RELEASE,
+                                             namespace=NAMESPACE)
+    assert _exporter_config(render({"config": {"xidNvmlEvents": False}, "xid": {"enabled": False}})).xid is False
+
+
+@pytest.mark.parametrize("key", ["privileged", "kmsgHostPath"])
+def test_removed_xid_values_are_refused_with_their_replacement(key):
+    with pytest.raises(helm_python.HelmRenderError, match=rf"xid\.{key} was replaced by xid\.kmsg"):
+        helm_python.Chart.load(CHART).render({"xid": {key: True if key == "privileged" else "/dev/kmsg"}},
+                                             name=RELEASE, namespace=NAMESPACE)
+
+
 def test_env_and_args_are_accepted_by_the_exporter_as_the_chart_means_them():
     values = {"config": {"interval": 2.5, "podWatch": True, "perProcessMetrics": True,
                          "kmsgReplay": False, "xidLookback": 30, "logLevel": "debug"},
-              "port": 9500}
+              "port": 9500, **OPT_INS}
     objs = render(values)
     c = container(objs)
     env = env_of(objs)
@@ -278,9 +349,13 @@ def test_every_config_key_maps_to_its_exporter_variable():
 
 
 def test_unset_config_leaves_the_exporter_defaults():
-    env = env_of(render())
     set_by_chart = {f"KUBE_GPU_EXPORTER_{d.upper()}" for d in CHART_SET_ENV}
+    env = env_of(render(OPT_INS))
     assert {k for k in env if k.startswith("KUBE_GPU_EXPORTER_")} == set_by_chart
+    # without xid.kmsg the chart says so: no kernel log at all, rather than a path that is not there
+    env = env_of(render())
+    assert {k for k in env if k.startswith("KUBE_GPU_EXPORTER_")} == set_by_chart
+    assert env["KUBE_GPU_EXPORTER_KMSG_PATH"] == "none"
 
 
 def test_probes_resources_and_no_gpu_request():
@@ -295,25 +370,62 @@ def test_probes_resources_and_no_gpu_request():
         assert not any(k.startswith("nvidia.com/") for k in section)
 
 
-def test_security_context_privileged_for_kmsg_by_default():
-    sc = container(render())["securityContext"]
-    assert sc["privileged"] is True
-    # the API server rejects privileged together with allowPrivilegeEscalation=false
-    assert sc.get("allowPrivilegeEscalation") is not False
-    assert sc["readOnlyRootFilesystem"] is True
-    assert sc["runAsUser"] == 0  # the kubelet's pod-resources socket is root's
+UID = 9400  # the image's user (Dockerfile USER; tests/test_dockerfile.py)
+LEAST_PRIVILEGE = {
+    "runAsUser": UID, "runAsGroup": UID, "runAsNonRoot": True, "privileged": False,
+    "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True, "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
-def test_security_context_without_privilege():
-    sc = container(render({"xid": {"enabled": False}}))["securityContext"]
-    assert "privileged" not in sc
-    assert sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"] == {"drop": ["ALL"]}
-    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-    sc = container(render({"xid": {"privileged": False}}))["securityContext"]
-    assert "privileged" not in sc
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
-    assert sc["allowPrivilegeEscalation"] is False
+def test_security_context_is_least_privilege_by_default():
+    objs = render()
+    assert container(objs)["securityContext"] == LEAST_PRIVILEGE
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert "securityContext" not in pod  # podSecurityContext: {} adds nothing
+    assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
+    assert "Xid" not in notes() and "privileged (for /dev/kmsg)" not in notes()
+    assert f"They run as uid {UID}, unprivileged, without capabilities." in notes()
+    # the default also holds with the features that need no privilege switched off
+    for values in ({"xid": {"enabled": False}}, {"config": {"podWatch": False}}, {"xid": {"events": False}}):
+        assert container(render(values))["securityContext"] == LEAST_PRIVILEGE, values
+
+
+def test_each_opt_in_adds_only_what_it_needs():
+    root = {"runAsUser": 0, "runAsNonRoot": False}
+    # pod-resources: uid 0 to connect to the kubelet's socket; still no capability, not privileged
+    sc = container(render({"podResources": {"enabled": True}}))["securityContext"]
+    assert sc == {**LEAST_PRIVILEGE, **root}
+    assert "uid 0, for the kubelet's pod-resources socket." in notes({"podResources": {"enabled": True}})
+    # kmsg (default mode): privileged for the device cgroup, uid 0 for CAP_SYSLOG; the API rejects
+    # privileged together with allowPrivilegeEscalation=false, and a drop list would contradict it
+    sc = container(render({"xid": {"kmsg": {"enabled": True}}}))["securityContext"]
+    expected = {k: v for k, v in LEAST_PRIVILEGE.items() if k not in ("allowPrivilegeEscalation", "capabilities")}
+    assert sc == {**expected, **root, "privileged": True}
+    text = notes({"xid": {"kmsg": {"enabled": True}}})
+    assert "run privileged (for /dev/kmsg)" in text and "uid 0, for CAP_SYSLOG on /dev/kmsg." in text
+    # kmsg where kernel.dmesg_restrict=0: privileged, but the image's user
+    sc = container(render({"xid": {"kmsg": {"enabled": True, "runAsRoot": False}}}))["securityContext"]
+    assert sc == {**expected, "privileged": True}
+    assert f"They run as uid {UID}.\n" in notes({"xid": {"kmsg": {"enabled": True, "runAsRoot": False}}})
+    # kmsg where the runtime admits /dev/kmsg: not privileged, uid 0 with CAP_SYSLOG alone
+    sc = container(render({"xid": {"kmsg": {"enabled": True, "privileged": False}}}))["securityContext"]
+    assert sc == {**LEAST_PRIVILEGE, **root, "capabilities": {"drop": ["ALL"], "add": ["SYSLOG"]}}
+    assert "xid.kmsg.privileged=false" in notes({"xid": {"kmsg": {"enabled": True, "privileged": False}}})
+    sc = container(render({"xid": {"kmsg": {"enabled": True, "privileged": False, "runAsRoot": False}}}))[
+        "securityContext"]
+    assert sc == LEAST_PRIVILEGE
+    # xid.kmsg means nothing without the Xid watcher
+    objs = render({"xid": {"enabled": False, "kmsg": {"enabled": True}}})
+    assert container(objs)["securityContext"] == LEAST_PRIVILEGE
+    assert "kmsg" not in {v["name"] for v in one(objs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_service_account_token_only_with_api_access():
+    pod = one(render(), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    pod = one(render({"config": {"podWatch": False}}), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
 
 
 def test_scheduling_gpu_nodes_tolerations_runtime_class():
@@ -347,39 +459,54 @@ def test_image_defaults_to_app_version_and_digest_wins():
 # RBAC
 
 
-EVENTS = {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
-PODS_NODES = {("", "pods", "list"), ("", "pods", "watch"), ("", "nodes", "get")}
+# What each feature needs; tests/test_helm_rbac.py derives the same sets from the API calls the
+# exporter makes against the API double.
+EVENTS = {("events.k8s.io", "events", v, EVENT_NAMESPACE) for v in ("create", "patch")}
+PODS_NODES = {("", "pods", "list", CLUSTER), ("", "pods", "watch", CLUSTER), ("", "nodes", "get", CLUSTER)}
 
 
 def test_rbac_is_exactly_what_the_exporter_needs():
     objs = render()
-    assert rbac_rules(objs) == PODS_NODES | EVENTS
-    role = one(objs, "ClusterRole")
-    for rule in role["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames, no wildcards
-        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-    binding = one(objs, "ClusterRoleBinding")
-    sa = one(objs, "ServiceAccount")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+    assert rbac_grants(objs) == PODS_NODES | EVENTS
+    for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
+        for rule in role["rules"]:
+            assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames, no wildcards
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+    # no Events in the core group, and none through a ClusterRole
+    assert not any(r == "events" for rule in one(objs, "ClusterRole")["rules"] for r in rule["resources"])
+    role = one(objs, "Role")
+    assert role["metadata"]["namespace"] == EVENT_NAMESPACE
+    assert role["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+    binding = one(objs, "RoleBinding")
+    assert binding["metadata"]["namespace"] == EVENT_NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
+    sa = one(objs, "ServiceAccount")
+    cluster_binding = one(objs, "ClusterRoleBinding")
+    assert cluster_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                          "name": one(objs, "ClusterRole")["metadata"]["name"]}
+    for b in (binding, cluster_binding):
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}]
     pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
-    assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
 
 
 @pytest.mark.parametrize(("values", "expected"), [
     ({"xid": {"events": False}}, PODS_NODES),
     ({"xid": {"enabled": False}}, PODS_NODES),
-    ({"config": {"podWatch": False}}, EVENTS),
+    # the kernel log changes the Xid source, not the API calls
+    ({"xid": {"kmsg": {"enabled": True}}}, PODS_NODES | EVENTS),
+    ({"xid": {"kmsg": {"enabled": True}}, "podResources": {"enabled": True}}, PODS_NODES | EVENTS),
+    # without the pod watch the exporter has no API client: no Events either
+    ({"config": {"podWatch": False}}, set()),
     ({"config": {"podWatch": False}, "xid": {"enabled": False}}, set()),
     ({"rbac": {"create": False}}, set()),
 ])
 def test_rbac_shrinks_with_the_features(values, expected):
     objs = render(values)
-    assert rbac_rules(objs) == expected
-    assert len(by_kind(objs, "ClusterRoleBinding")) == (1 if expected else 0)
+    assert rbac_grants(objs) == expected
+    assert len(by_kind(objs, "ClusterRoleBinding")) == (1 if expected & PODS_NODES else 0)
+    assert len(by_kind(objs, "RoleBinding")) == (1 if expected & EVENTS else 0)
 
 
 def test_existing_service_account():
@@ -387,6 +514,47 @@ def test_existing_service_account():
     assert by_kind(objs, "ServiceAccount") == []
     assert one(objs, "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-sa"
     assert one(objs, "ClusterRoleBinding")["subjects"][0]["name"] == "gpu-sa"
+    assert one(objs, "RoleBinding")["subjects"][0]["name"] == "gpu-sa"
+
+
+# --------------------------------------------------------------------------------------------
+# NetworkPolicy
+
+
+PROMETHEUS_PEERS = [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_network_policy_is_off_by_default():
+    assert by_kind(render(), "NetworkPolicy") == []
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
+    assert values == {"enabled": False, "from": PROMETHEUS_PEERS}
+
+
+def test_network_policy_admits_only_the_prometheus_pods_to_the_metrics_port():
+    objs = render({"networkPolicy": {"enabled": True}, "port": 9500})
+    policy = one(objs, "NetworkPolicy")
+    ds = one(objs, "DaemonSet")
+    assert policy["apiVersion"] == "networking.k8s.io/v1"
+    spec = policy["spec"]
+    # it selects exactly the exporter's pods
+    assert spec["podSelector"] == {"matchLabels": ds["spec"]["selector"]["matchLabels"]}
+    assert spec["podSelector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert spec["policyTypes"] == ["Ingress"]  # the exporter's own API calls are not restricted
+    (rule,) = spec["ingress"]
+    # kube-prometheus-stack's Prometheus pods, in any namespace (both selectors in one peer: AND)
+    assert rule["from"] == PROMETHEUS_PEERS
+    port = container(objs)["ports"][0]
+    assert rule["ports"] == [{"port": port["containerPort"], "protocol": "TCP"}] == [{"port": 9500, "protocol": "TCP"}]
+    peers = VALUE_SETS["network-policy"]["networkPolicy"]["from"]
+    assert one(render(VALUE_SETS["network-policy"]), "NetworkPolicy")["spec"]["ingress"][0]["from"] == peers
+
+
+@pytest.mark.parametrize("bad", [[], [{}], [{"podSelector": {}, "ports": [9400]}]])
+def test_network_policy_refuses_peers_that_would_admit_everyone_or_are_not_peers(bad):
+    # an empty `from` admits every source; an empty peer is not valid either
+    with pytest.raises(helm_python.HelmValuesError):
+        helm_python.Chart.load(CHART).render({"networkPolicy": {"enabled": True, "from": bad}},
+                                             name=RELEASE, namespace=NAMESPACE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,6 +722,7 @@ def test_deploy_doc_lists_the_config_keys_and_rbac_of_the_chart():
     schema = json.loads((CHART / "values.schema.json").read_text())
     documented = set(re.findall(r"`(\w+)`", row.split("|")[3]))
     assert documented == set(schema["properties"]["config"]["properties"])
-    # every verb and resource of the ClusterRole is in the RBAC table
-    for _group, resource, verb in rbac_rules(render()):
-        assert re.search(rf"^\| `{resource}`: .*`{verb}`", text, re.M), (resource, verb)
+    # every verb and resource the chart grants is in the RBAC table, with its API group
+    for group, resource, verb in rbac_rules(render()):
+        row = rf"^\| `{resource}`: [^|]*`{verb}`[^|]*\(`{group or 'core'}`\)"
+        assert re.search(row, text, re.M), (group, resource, verb)

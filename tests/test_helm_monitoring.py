@@ -468,7 +468,8 @@ def test_dashboard_configmaps_pass_strict_schema_validation(kube_version):
 # --------------------------------------------------------------------------------------------
 # the switches change nothing else
 
-UNCHANGED_KINDS = ("DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "ServiceMonitor")
+UNCHANGED_KINDS = ("DaemonSet", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+                   "Service", "ServiceMonitor")
 
 
 @pytest.mark.parametrize(("alerts", "dashboards", "crds"), list(itertools.product([False, True], repeat=3)))
@@ -483,7 +484,8 @@ def test_rbac_daemonset_and_other_objects_are_unchanged_by_the_switches(alerts, 
 
     before, after = render(base), render(values)
     assert others(after) == others(before)
-    assert len(others(before)) == (7 if crds else 5)  # ClusterRole+Binding, SA, DS, Service (+SM, rules)
+    # ClusterRole+Binding, the Events' Role+Binding, SA, DS, Service (+SM, rules)
+    assert len(others(before)) == (9 if crds else 7)
     added = {(o["kind"], o["metadata"]["name"]) for o in after} - {(o["kind"], o["metadata"]["name"]) for o in before}
     expected = ({("PrometheusRule", ALERT_RULES)} if alerts and crds else set()) | (
         {("ConfigMap", f"{RELEASE}-kube-gpu-exporter-{f.removesuffix('.json')}") for f in DASHBOARD_FILES}

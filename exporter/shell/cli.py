@@ -173,7 +173,12 @@ def _pod_resources_source(socket: str):
 def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_client,
          closers: list, late_starts: list) -> Callable[[], list]:
     """Start the Xid watcher when configured; return its metric families source."""
-    kmsg_path = cfg.kmsg_path or (None if cfg.simulate else "/dev/kmsg")
+    if cfg.kmsg_path == "none":
+        kmsg_path = None  # deliberately no kernel log: an unprivileged pod takes Xids from NVML events
+        if cfg.xid and cfg.xid_nvml_events and not cfg.simulate:
+            log.info("no kernel log (--kmsg-path none): Xids from NVML events only, without pods")
+    else:
+        kmsg_path = cfg.kmsg_path or (None if cfg.simulate else "/dev/kmsg")
     # NVML events need the real library: a simulated node has none (its scenario's xid_events feed
     # only the fake libnvidia-ml.so.1 of the tests), so the second source is off under --simulate.
     nvml_events = cfg.xid_nvml_events and not cfg.simulate

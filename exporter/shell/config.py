@@ -107,8 +107,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--container-label", "container_name", "label name for the container (same rules)"),
     Option("--per-process-metrics", False, "also export one row per GPU process", bool),
     Option("--xid", True, "watch the kernel log for NVIDIA Xid errors", bool),
-    Option("--kmsg-path", None, "kernel log device or a file of kmsg records "
-           "(default /dev/kmsg; none under --simulate)"),
+    Option("--kmsg-path", None, "kernel log device or a file of kmsg records; 'none' for no kernel log "
+           "(Xids from NVML events only) (default /dev/kmsg; none under --simulate)"),
     Option("--kmsg-replay", False, "read the kmsg path from its start (default: only new records)", bool),
     Option("--xid-lookback", 0.0, "also report Xids logged up to this many seconds before start", float,
            (0.0, 30 * 86400.0)),

@@ -64,23 +64,60 @@ true
 {{- end -}}
 {{- end -}}
 
-{{- define "kube-gpu-exporter.events" -}}
-{{- if and .Values.xid.enabled .Values.xid.events -}}
+{{/* "true" when the Xid watcher runs. Its default source is NVML events (config.xidNvmlEvents,
+     on unless false); the kernel log only with xid.kmsg.enabled. "validate" refuses xid.enabled
+     with neither source. */}}
+{{- define "kube-gpu-exporter.xid" -}}
+{{- if and .Values.xid.enabled (or .Values.xid.kmsg.enabled (ne (toString .Values.config.xidNvmlEvents) "false")) -}}
 true
 {{- end -}}
 {{- end -}}
 
-{{/* Container securityContext: the values' one, plus what the Xid watcher needs. */}}
+{{/* "true" when the exporter reads the host's /dev/kmsg. */}}
+{{- define "kube-gpu-exporter.kmsg" -}}
+{{- if and (include "kube-gpu-exporter.xid" .) .Values.xid.kmsg.enabled -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the exporter writes Xid Events: it has an API client only with the pod watch. */}}
+{{- define "kube-gpu-exporter.events" -}}
+{{- if and (include "kube-gpu-exporter.xid" .) .Values.xid.events (include "kube-gpu-exporter.podWatch" .) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The namespace the exporter writes its Events to: EVENT_NAMESPACE of exporter/xid/events.py,
+     where kubelet and node-problem-detector put Node events. The exporter has no flag for it, so
+     neither has the chart; tests/test_helm_rbac.py checks it against the Events the code writes. */}}
+{{- define "kube-gpu-exporter.eventsNamespace" -}}
+default
+{{- end -}}
+
+{{/* "true" when the container runs as uid 0: the kubelet's pod-resources socket is writable only
+     by root, and CAP_SYSLOG (kernel.dmesg_restrict=1) is effective only for uid 0. */}}
+{{- define "kube-gpu-exporter.runAsRoot" -}}
+{{- if or .Values.podResources.enabled (and (include "kube-gpu-exporter.kmsg" .) .Values.xid.kmsg.runAsRoot) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Container securityContext: the values' one (non-root, unprivileged, no capabilities), plus
+     exactly what the opt-ins need (docs/deploy.md#security-context). */}}
 {{- define "kube-gpu-exporter.securityContext" -}}
 {{- $sc := deepCopy .Values.securityContext -}}
-{{- if .Values.xid.enabled -}}
-{{- if .Values.xid.privileged -}}
+{{- if include "kube-gpu-exporter.runAsRoot" . -}}
+{{- $_ := set $sc "runAsUser" 0 -}}
+{{- $_ := set $sc "runAsNonRoot" false -}}
+{{- end -}}
+{{- if include "kube-gpu-exporter.kmsg" . -}}
+{{- if .Values.xid.kmsg.privileged -}}
 {{- /* privileged grants every capability and the host's devices; a drop list or
        allowPrivilegeEscalation=false would contradict it (the API rejects the latter). */ -}}
 {{- $_ := set $sc "privileged" true -}}
 {{- $_ := unset $sc "allowPrivilegeEscalation" -}}
 {{- $_ := unset $sc "capabilities" -}}
-{{- else -}}
+{{- else if .Values.xid.kmsg.runAsRoot -}}
 {{- $caps := deepCopy (default dict $sc.capabilities) -}}
 {{- $_ := set $caps "add" (append (default list $caps.add) "SYSLOG" | uniq) -}}
 {{- $_ := set $sc "capabilities" $caps -}}
@@ -89,10 +126,20 @@ true
 {{- toYaml $sc -}}
 {{- end -}}
 
-{{/* Checks that stop a rendering with a clear message. The bundled recording rules, alerts and
-     dashboards were generated for the exporter's default label names: each one that is rendered
-     refuses other names (a renamed label would leave its queries silently empty). */}}
+{{/* Checks that stop a rendering with a clear message: the removed xid.privileged/kmsgHostPath
+     (which would otherwise be ignored silently), an Xid watcher without a source, and renamed
+     labels. The bundled recording rules, alerts and dashboards were generated for the exporter's
+     default label names: each one that is rendered refuses other names (a renamed label would
+     leave its queries silently empty). */}}
 {{- define "kube-gpu-exporter.validate" -}}
+{{- range $key := list "privileged" "kmsgHostPath" -}}
+{{- if hasKey $.Values.xid $key -}}
+{{- fail (printf "xid.%s was replaced by xid.kmsg (enabled, hostPath, privileged, runAsRoot): the kernel log is now an opt-in, Xids come from NVML events by default (docs/deploy.md#security-context)." $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.xid.enabled (not .Values.xid.kmsg.enabled) (eq (toString .Values.config.xidNvmlEvents) "false") -}}
+{{- fail "xid.enabled with config.xidNvmlEvents=false and xid.kmsg.enabled=false leaves the Xid watcher no source: set xid.kmsg.enabled=true, leave config.xidNvmlEvents unset, or set xid.enabled=false." -}}
+{{- end -}}
 {{- $defaults := dict "podLabel" "pod_name" "namespaceLabel" "namespace_name" "containerLabel" "container_name" -}}
 {{- $monitoring := include "kube-gpu-exporter.monitoringAPI" . -}}
 {{- $bundles := list -}}
