@@ -15,6 +15,13 @@ def test_defaults():
     cfg = load_config([], environ={})
     assert cfg.listen == "0.0.0.0:9400" and cfg.interval == 1.0 and cfg.host_proc == "/proc"
     assert cfg.pod_label == "pod_name" and cfg.xid and cfg.events and not cfg.per_process_metrics
+    assert cfg.pod_labels_allowlist == ""
+
+
+def test_pod_labels_allowlist_from_flag_or_environment():
+    env = {"KUBE_GPU_EXPORTER_POD_LABELS_ALLOWLIST": r"team,app\.kubernetes\.io/.*"}
+    assert load_config([], environ=env).pod_labels_allowlist == r"team,app\.kubernetes\.io/.*"
+    assert load_config(["--pod-labels-allowlist", "owner"], environ=env).pod_labels_allowlist == "owner"
 
 
 def test_environment_equivalents_and_flag_precedence():
@@ -42,6 +49,10 @@ def test_environment_equivalents_and_flag_precedence():
     (["--pod-label", "__x"], {}, "reserved for Prometheus"),
     (["--bogus"], {}, "unrecognized arguments: --bogus"),
     (["--log-level", "loud"], {}, "--log-level"),
+    (["--pod-labels-allowlist", "team,("], {}, "--pod-labels-allowlist: '\\(' is not a regular expression"),
+    ([], {"KUBE_GPU_EXPORTER_POD_LABELS_ALLOWLIST": "(a+)+"}, r"KUBE_GPU_EXPORTER_POD_LABELS_ALLOWLIST: '\(a\+\)\+'"),
+    (["--pod-labels-allowlist", "a{1,2}"], {}, "unbalanced braces"),
+    (["--pod-labels-allowlist", ".*", "--namespace-label", "label_ns"], {}, "--namespace-label 'label_ns' could"),
 ])
 def test_bad_values_are_rejected_with_the_flag_named(argv, env, message):
     with pytest.raises(ConfigError, match=message):

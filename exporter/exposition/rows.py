@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from exporter import __version__
 from exporter.attribution.attribute import (
@@ -20,6 +21,7 @@ from exporter.attribution.attribute import (
     NodeAttribution,
     granted_memory,
 )
+from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, select_pod_labels
 from exporter.model import EMPTY, DeviceSample, NodeSample, PodInfo
 
 
@@ -83,8 +85,9 @@ def _add(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value:
 
 
 def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: LabelNames,
-                   stats: ExporterStats, per_process: bool = False) -> list[Metric]:
-    """All families for one snapshot, in a stable order."""
+                   stats: ExporterStats, per_process: bool = False,
+                   pod_labels: PodLabelAllowlist = NO_POD_LABELS) -> list[Metric]:
+    """All families for one snapshot, in a stable order; ``pod_labels`` picks the pod labels on pod_info."""
     f = _Families()
     row_labels = ["allocate_mode", names.container, "minor_number", "name", names.namespace,
                   "node_name", names.pod, "uuid"]
@@ -127,7 +130,7 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
     _allocation_families(f, attr, node, names)
     if sample.nvml_up:
         _node_families(f, sample, node)
-    _pod_info(f, attr.pods, node, names)
+    _pod_info(f, attr.pods, node, names, pod_labels)
     _device_families(f, sample, node)
     _process_families(f, attr.devices, node, names, per_process)
     _self_families(f, sample, stats, node)
@@ -181,11 +184,17 @@ def _node_families(f: _Families, sample: NodeSample, node: str) -> None:
             ["node_name"]).add_metric([node], float(sum(d.memory_total_bytes or 0 for d in healthy)))
 
 
-def _pod_info(f: _Families, pods: Iterable[PodInfo], node: str, names: LabelNames) -> None:
-    fam = f.gauge("nvidia_gpu_pod_info", "Pods holding or using a GPU on this node, with their workload",
-                  ["node_name", names.namespace, names.pod, "workload_kind", "workload_name", "pod_uid"])
+def _pod_info(f: _Families, pods: Iterable[PodInfo], node: str, names: LabelNames,
+              allowlist: PodLabelAllowlist) -> None:
+    base = ["node_name", names.namespace, names.pod, "workload_kind", "workload_name", "pod_uid"]
+    fam = f.gauge("nvidia_gpu_pod_info", "Pods holding or using a GPU on this node, with their workload", base)
     for p in pods:
-        fam.add_metric([node, p.namespace, p.name, p.workload_kind, p.workload_name or p.name, p.uid], 1)
+        values = [node, p.namespace, p.name, p.workload_kind, p.workload_name or p.name, p.uid]
+        copied = select_pod_labels(p.labels, allowlist, base).labels
+        if copied:  # label_<key> for the allowlisted pod labels: each pod its own set
+            fam.samples.append(Sample(fam.name, {**dict(zip(base, values, strict=True)), **dict(copied)}, 1.0))
+        else:
+            fam.add_metric(values, 1)
 
 
 def _device_families(f: _Families, sample: NodeSample, node: str) -> None:

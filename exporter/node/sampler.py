@@ -19,6 +19,7 @@ from prometheus_client.core import Metric
 
 from exporter.attribution.allocations import compute_allocations
 from exporter.attribution.attribute import NodeAttribution, PodLookup, attribute
+from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, pod_label_skips
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.exposition.snapshot import Snapshot, make_snapshot, with_sample_failures
 from exporter.model import CgroupRef, NodeSample, PodResources
@@ -100,6 +101,7 @@ class Pipeline:
         per_process: bool = False,
         clock: Callable[[], float] = time.time,
         node_capacity: Callable[[], Mapping[str, str]] = dict,
+        pod_labels: PodLabelAllowlist = NO_POD_LABELS,
     ) -> None:
         self.backend = backend
         self.proc = proc
@@ -112,6 +114,7 @@ class Pipeline:
         self.per_process = per_process
         self.clock = clock
         self.node_capacity = node_capacity
+        self.pod_labels = pod_labels
         self.samples_total = 0
         self.failures_total = 0
         self._skips: dict[str, int] = {}
@@ -126,7 +129,7 @@ class Pipeline:
         allocations = compute_allocations(state.view.pods.values(), sample.devices, self.node_labels(),
                                           self.pod_resources(), self.node_capacity())
         attr = attribute(sample, placement, state.view, allocations.allocations)
-        for source in (allocations.skips, attr.skips):
+        for source in (allocations.skips, attr.skips, pod_label_skips(attr.pods, self.pod_labels)):
             for reason, n in source.items():
                 self._skips[reason] = self._skips.get(reason, 0) + n
         self.samples_total += 1
@@ -146,7 +149,8 @@ class Pipeline:
         )
         if sample.duration_seconds == 0.0:
             sample = replace(sample, duration_seconds=time.monotonic() - started)
-        families = build_families(attr, sample, self.node_name, self.names, stats, self.per_process)
+        families = build_families(attr, sample, self.node_name, self.names, stats, self.per_process,
+                                  self.pod_labels)
         families += self.extra_families()
         owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)
                   for d in attr.devices for p in d.processes if p.pod is not None}

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from exporter.exposition.pod_labels import parse_allowlist
 from exporter.exposition.rows import LabelNames
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
@@ -112,7 +113,8 @@ def build_daemon(cfg: Config) -> Daemon:
     late_starts: list[Callable[[], None]] = []
     xid_families = _xid(cfg, node, names, holder, api_client, closers, late_starts)
     pipeline = Pipeline(backend, proc, pods, node, names, node_labels, pod_resources, xid_families,
-                        cfg.per_process_metrics, node_capacity=node_capacity)
+                        cfg.per_process_metrics, node_capacity=node_capacity,
+                        pod_labels=parse_allowlist(cfg.pod_labels_allowlist))  # validated by load_config
     sampler = SamplerThread(pipeline, holder, cfg.interval)
     return Daemon(cfg, node, pipeline, holder, sampler, closers, late_starts)
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from exporter.exposition.pod_labels import MAX_KEY_LENGTH, MAX_LABELS_PER_POD, PREFIX, AllowlistError, parse_allowlist
+
 ENV_PREFIX = "KUBE_GPU_EXPORTER_"
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # used with fullmatch: "$" would let "pod\n" through
 
@@ -47,6 +49,7 @@ class Config:
     pod_label: str
     namespace_label: str
     container_label: str
+    pod_labels_allowlist: str
     per_process_metrics: bool
     xid: bool
     kmsg_path: str | None
@@ -105,6 +108,10 @@ OPTIONS: tuple[Option, ...] = (
            "exporter's own labels such as node_name or uuid, nor another of these three)"),
     Option("--namespace-label", "namespace_name", "label name for the namespace (same rules)"),
     Option("--container-label", "container_name", "label name for the container (same rules)"),
+    Option("--pod-labels-allowlist", "", "comma-separated regular expressions over pod label keys (each a full "
+           f"match, tried on keys of at most {MAX_KEY_LENGTH} characters); a pod's matching labels are copied onto "
+           f"nvidia_gpu_pod_info, named {PREFIX} + the sanitised key, at most {MAX_LABELS_PER_POD} per pod "
+           "(docs/metrics.md#chargeback-by-pod-label); empty: none"),
     Option("--per-process-metrics", False, "also export one row per GPU process", bool),
     Option("--xid", True, "watch the kernel log for NVIDIA Xid errors", bool),
     Option("--kmsg-path", None, "kernel log device or a file of kmsg records; 'none' for no kernel log "
@@ -260,9 +267,26 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     cfg = Config(**values)  # type: ignore[arg-type]
     parse_listen(cfg.listen)
     check_label_names([(sources[d], str(values[d])) for d in ("pod_label", "namespace_label", "container_label")])
+    _check_pod_labels_allowlist(cfg, sources)
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"--log-level must be debug, info, warning or error, got {cfg.log_level!r}")
     return cfg
+
+
+def _check_pod_labels_allowlist(cfg: Config, sources: Mapping[str, str]) -> None:
+    """The allowlist's regexes compile and are safe; no label name of ours can meet a copied label_<key>."""
+    source = sources["pod_labels_allowlist"]
+    try:
+        allowlist = parse_allowlist(cfg.pod_labels_allowlist)
+    except AllowlistError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    if not allowlist.patterns:
+        return
+    for dest in ("pod_label", "namespace_label", "container_label"):
+        name = getattr(cfg, dest)
+        if name.startswith(PREFIX):
+            raise ConfigError(f"{sources[dest]} {name!r} could collide with the {PREFIX}<key> labels of {source}: "
+                              f"choose a name not starting with {PREFIX}")
 
 
 def options_markdown() -> str:
