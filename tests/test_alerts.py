@@ -252,10 +252,14 @@ RENAME = {"pod_name": "pod", "namespace_name": "namespace", "container_name": "c
 
 
 def _relabel_series(selector: str, cluster: str) -> str:
+    """``selector`` as the other rendering sees it. Labels already named like the renamed ones go:
+    a scrape target's namespace/pod (kept by a ServiceMonitor, which a scrape with these label
+    names must drop, e.g. with honor_labels) or the kube-prometheus-stack copies, equal anyway."""
     name, _, rest = selector.partition("{")
-    for old, new in RENAME.items():
-        rest = re.sub(rf"\b{old}=", f"{new}=", rest)
-    return f'{name}{{cluster="{cluster}",{rest}' if rest else f'{name}{{cluster="{cluster}"}}'
+    pairs = re.findall(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"', rest)
+    kept = [(RENAME.get(k, k), v) for k, v in pairs if k not in RENAME.values()]
+    body = ",".join(f'{k}="{v}"' for k, v in [("cluster", cluster), *kept])
+    return f"{name}{{{body}}}"
 
 
 def _relabel_spec(spec: dict[str, Any], rule_files: list[str]) -> dict[str, Any]:
@@ -406,11 +410,13 @@ def test_alertmanager_example_names_only_real_alerts_and_labels() -> None:
 
 
 def _output_labels(expr: str) -> set[str]:
-    """Labels an alert's result keeps: its outermost `by (...)`; else the target labels of a
-    self-metric or `up` selector (instance, job); absent() keeps only its matchers' (job)."""
-    m = re.match(r"\s*(?:sum|max|min|count) by \(([^)]*)\)", expr)
+    """Labels an alert's result keeps: its outermost `by (...)` plus what label_replace() around it
+    adds; else the target labels of a self-metric or `up` selector (instance, job); absent() keeps
+    only its matchers' (job)."""
+    added = set(re.findall(r'^\s*"(\w+)", "\$1", "\w+", "\(\.\*\)"\)', expr, re.M))
+    m = re.match(r"\s*(?:label_replace\(\s*)*(?:sum|max|min|count) by \(([^)]*)\)", expr)
     if m:
-        return {s.strip() for s in m.group(1).split(",")}
+        return {s.strip() for s in m.group(1).split(",")} | added
     assert all(n == "up" or n.startswith("kube_gpu_exporter_") for n in series_read(expr)), expr
     return {"job"} if expr.startswith("absent(") else {"instance", "job"}
 
@@ -441,7 +447,8 @@ def _expected_at_alertmanager(instance: str) -> dict[str, dict[str, Any]]:
                                "receiver": "gpu-pager", "state": "suppressed"},
         "KubeGpuXidApplication": {
             "labels": {**gpu1, "xid": "31", "namespace_name": "ml", "pod_name": "train-0",
-                       "container_name": "trainer", "severity": "warning"},
+                       "container_name": "trainer", "namespace": "ml", "pod": "train-0", "container": "trainer",
+                       "severity": "warning"},
             "receiver": "gpu-chat", "state": "active"},
         "KubeGpuUnaccountedProcesses": {"labels": {**gpu1, "severity": "warning"},
                                         "receiver": "gpu-chat", "state": "active"},

@@ -98,7 +98,7 @@ SEED_SERIES = {
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _PROMQL_WORDS = {
     "sum", "max", "min", "count", "group", "topk", "avg", "by", "on", "group_left", "group_right",
-    "and", "or", "unless", "without", "ignoring", "bool",
+    "and", "or", "unless", "without", "ignoring", "bool", "label_replace",
 }  # fmt: skip
 
 
@@ -229,6 +229,31 @@ def test_custom_label_names_replace_the_defaults() -> None:
     text = (RULES / "tests/rendered/custom-cluster.rules.yaml").read_text()
     for default in ("pod_name", "namespace_name", "container_name", "node_name"):
         assert not re.search(rf"\b{default}\b", text), default
+
+
+_COPY_RE = re.compile(r'^\s*"(\w+)", "\$1", "(\w+)", "\(\.\*\)"\)', re.M)
+K8S_COPIES = {
+    "k8s_container_": ["namespace", "pod", "container"],
+    "k8s_pod_": ["namespace", "pod"],
+    "k8s_workload_": ["namespace"],
+    "k8s_namespace_": ["namespace"],
+}
+
+
+def test_kube_prometheus_stack_labels_are_copied_after_aggregation() -> None:
+    """namespace/pod/container: copied from the exporter's labels around the whole rule, never grouped by."""
+    for rule in _rules((RULES / "kube-gpu-exporter.rules.yaml").read_text()):
+        record, expr = rule["record"], rule["expr"]
+        want = next((names for prefix, names in K8S_COPIES.items() if record.startswith(prefix)), [])
+        copies = _COPY_RE.findall(expr)
+        assert copies == [(name, f"{name}_name") for name in want], record
+        assert expr.startswith("label_replace(" * len(want)), record  # outermost: after every aggregation
+        for clause in re.findall(r"\b(?:by|on|group_left) \(([^)]*)\)", expr):
+            assert not {"namespace", "pod", "container"} & {s.strip() for s in clause.split(",")}, record
+    # a name a label option already has is not copied (nor is another dimension overwritten)
+    text = render_rules(RuleOptions(namespace_label="namespace", container_label="pod"))
+    assert set(_COPY_RE.findall(text)) == {("container", "pod")}
+    assert not _COPY_RE.findall((RULES / "tests/rendered/custom-cluster.rules.yaml").read_text())
 
 
 # ------------------------------------------------------------------ promtool

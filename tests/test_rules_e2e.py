@@ -93,11 +93,27 @@ def _l(d: dict[str, str], *drop: str) -> Labels:
     return frozenset((k, v) for k, v in d.items() if k not in drop)
 
 
+# kube-prometheus-stack's names each level's series also carries, copied from the exporter's labels
+K8S_COPIES = {
+    "k8s_container_": (("namespace", "namespace_name"), ("pod", "pod_name"), ("container", "container_name")),
+    "k8s_pod_": (("namespace", "namespace_name"), ("pod", "pod_name")),
+    "k8s_workload_": (("namespace", "namespace_name"),),
+    "k8s_namespace_": (("namespace", "namespace_name"),),
+}
+
+
+def with_k8s_copies(record: str, labels: dict[str, str]) -> dict[str, str]:
+    """``labels`` of a ``record`` series plus the namespace/pod/container copies its level gets."""
+    copies = next((c for prefix, c in K8S_COPIES.items() if record.startswith(prefix)), ())
+    return {**labels, **{name: labels[source] for name, source in copies}}
+
+
 def expected_cluster_rendering() -> dict[str, dict[Labels, float]]:
     exp: dict[str, dict[Labels, float]] = {}
 
     def put(record: str, labels: dict[str, str], value: float, *drop: str) -> None:
-        exp.setdefault(record, {})[_l(labels, *drop)] = value
+        kept = {k: v for k, v in labels.items() if k not in drop}
+        exp.setdefault(record, {})[_l(with_k8s_copies(record, kept))] = value
 
     for c, used, mem, req, mreq in zip(CONTAINERS, USED, MEM, REQ, MREQ, strict=True):
         cap, cmem = NODE_CAP[c["node_name"]], NODE_MEM[c["node_name"]]
@@ -291,7 +307,10 @@ def test_default_rendering_on_real_prometheus(exporters: list[Target], tmp_path:
     rules = render_rules(RuleOptions(interval="1s"))
     # identical to the committed bundle except for the evaluation interval
     assert rules.replace("interval: 1s", "interval: 30s").splitlines()[1:] == committed.splitlines()[1:]
-    static = [{"targets": [t.address for t in exporters if t.cluster == "east"]}]
+    # as a ServiceMonitor scrapes it: the exporter pod's own namespace/pod/container as target labels,
+    # which no recorded series may carry (the copies come from namespace_name/pod_name/container_name)
+    exporter_pod = {"namespace": "monitoring", "pod": "kube-gpu-exporter-e2e", "container": "exporter"}
+    static = [{"targets": [t.address for t in exporters if t.cluster == "east"], "labels": exporter_pod}]
     proc, base = run_prometheus(tmp_path, rules, static)
     try:
         _check_recorded(base, rules, expected_default_rendering_east_only())

@@ -11,6 +11,7 @@ import argparse
 import re
 import shlex
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,12 @@ LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
 _DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
 K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+# The names kube-prometheus-stack joins and routes on (kube-state-metrics, cAdvisor, the Prometheus
+# Operator's AlertmanagerConfig `namespace` matcher), in the order a series gains them: a
+# namespace-level series carries the first, a pod-level one two, a container-level one all three.
+K8S_LABELS: tuple[str, ...] = ("namespace", "pod", "container")
+K8S_LEVELS: dict[str, int] = {"namespace": 1, "pod": 2, "container": 3}
 
 Error = type[Exception]
 
@@ -83,6 +90,31 @@ class LabelOptions:
             if value in seen:
                 raise error(f"{flag} and {seen[value]} are both {value!r}; they must differ")
             seen[value] = flag
+
+    def k8s_labels(self, level: str) -> tuple[tuple[str, str], ...]:
+        """(kube-prometheus-stack name, exporter label it is copied from) for a series of ``level``.
+
+        ``level`` is ``namespace``, ``pod`` or ``container`` (see :data:`K8S_LABELS`). A name that one
+        of the configured labels already has is left out: it is either that very label (``--pod-label
+        pod``) or another dimension, which a copy would overwrite.
+        """
+        sources = {"namespace": self.namespace_label, "pod": self.pod_label, "container": self.container_label}
+        taken = {*sources.values(), self.node_label, self.cluster_label}
+        return tuple((name, sources[name]) for name in K8S_LABELS[: K8S_LEVELS[level]] if name not in taken)
+
+
+def with_k8s_labels(expr: str, pairs: Sequence[tuple[str, str]]) -> str:
+    """``expr`` inside one ``label_replace`` per (name, source) pair, copying ``source`` to ``name``.
+
+    Applied to the result of ``expr``'s aggregations, never to a raw series: the scrape may attach
+    ``namespace``/``pod`` of the exporter's own pod, which no ``by`` clause keeps, so the copies can
+    only come from the exporter's labels. An empty source leaves the name unset.
+    """
+    if not pairs:
+        return expr
+    body = textwrap.indent(textwrap.dedent(expr).strip(), "  ")
+    args = "".join(f',\n  "{name}", "$1", "{source}", "(.*)")' for name, source in pairs)
+    return "label_replace(" * len(pairs) + "\n" + body + args
 
 
 LABEL_FLAGS: tuple[tuple[str, str], ...] = (

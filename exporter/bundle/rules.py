@@ -19,6 +19,7 @@ import yaml
 
 from exporter.bundle.common import FIXED_LABELS as FIXED_LABELS  # public here too (tests, callers)
 from exporter.bundle.common import (
+    K8S_LEVELS,
     K8S_NAME_RE,
     LABEL_FLAGS,
     LabelOptions,
@@ -30,6 +31,7 @@ from exporter.bundle.common import (
     metadata_args,
     object_metadata,
     rule_file_main,
+    with_k8s_labels,
 )
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
@@ -138,6 +140,8 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "X": exprs,
         "D": divisors,
         "SEL": {"container": 'allocate_mode=~"exclusive|share"', "device": device},
+        # namespace/pod/container copied from the exporter's labels at the end of each rule of a level
+        "K8S": {level: opts.k8s_labels(level) for level in K8S_LEVELS},
         # helper series are emitted only when a selected level reads them
         "need_info": bool(levels & {"container", "pod", "workload"}),
         "need_usage": bool(levels & {"container", "pod", "workload", "namespace"}),
@@ -169,6 +173,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["exprblock"] = _exprblock
+    env.filters["with_k8s_labels"] = with_k8s_labels
     return env
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from exporter.bundle.alerts.options import AlertOptions
+from exporter.bundle.common import with_k8s_labels
 
 SEVERITIES: frozenset[str] = frozenset({"critical", "warning", "info"})
 
@@ -51,6 +52,8 @@ class Labels:
     pod: str
     container: str
     instance: str
+    # (kube-prometheus-stack name, exporter label) pairs a container's alert also carries
+    k8s: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, opts: AlertOptions) -> Labels:
@@ -61,7 +64,14 @@ class Labels:
             pod=opts.pod_label,
             container=opts.container_label,
             instance=opts.instance_label,
+            k8s=opts.k8s_labels("container"),
         )
+
+    def for_container(self, expr: str) -> str:
+        """``expr`` (one series per container, or per process outside any pod) with ``namespace``,
+        ``pod`` and ``container`` copied from the exporter's labels after its aggregations, for
+        kube-prometheus-stack's routing (AlertmanagerConfig) and grouping by ``namespace``."""
+        return with_k8s_labels(expr, self.k8s)
 
     @property
     def gpu(self) -> list[str]:

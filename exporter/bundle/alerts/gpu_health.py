@@ -61,7 +61,9 @@ def gpu_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
         Alert(
             "KubeGpuXidApplication",
             # Kept per pod: the runbook's action is restarting the application that raised it.
-            xid_expr(opts.application_xids, [*gpu, lb.namespace, lb.pod, lb.container, "xid"], window, lb),
+            lb.for_container(
+                xid_expr(opts.application_xids, [*gpu, lb.namespace, lb.pod, lb.container, "xid"], window, lb)
+            ),
             "warning",
             "A GPU application triggered an Xid error.",
             f"Xid {{{{ $labels.xid }}}} on {gpu_desc}, {{{{ $value | printf \"%.0f\" }}}} time(s) in the "

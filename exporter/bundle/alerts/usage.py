@@ -17,10 +17,12 @@ def usage_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
     return [
         Alert(
             "KubeGpuUnaccountedProcesses",
-            f"count {by([*lb.gpu, lb.namespace, lb.pod, lb.container])} (\n"
-            "  nvidia_gpu_unaccounted_process_memory_used_bytes\n"
-            "  or nvidia_gpu_unaccounted_process_duty_cycle\n"
-            ")",
+            lb.for_container(
+                f"count {by([*lb.gpu, lb.namespace, lb.pod, lb.container])} (\n"
+                "  nvidia_gpu_unaccounted_process_memory_used_bytes\n"
+                "  or nvidia_gpu_unaccounted_process_duty_cycle\n"
+                ")"
+            ),
             "warning",
             "Processes use a GPU without an allocation.",
             f"{{{{ $value }}}} process(es) {lb.owner} have used {lb.gpu_desc} for 15 minutes without "
@@ -29,12 +31,14 @@ def usage_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
         ),
         Alert(
             "KubeGpuContainerOverMemoryGrant",
-            f"max {by(ctr_gpu)} "
-            f'(nvidia_gpu_memory_used_bytes{{allocate_mode="share"}})\n'
-            f"* 100 /\n"
-            # `> 0`: a container without a grant has no percentage to exceed (and no division by 0).
-            f"(max {by(ctr_gpu)} (nvidia_gpu_gpu_sharing_memory) > 0)\n"
-            f"> 100",
+            lb.for_container(
+                f"max {by(ctr_gpu)} "
+                f'(nvidia_gpu_memory_used_bytes{{allocate_mode="share"}})\n'
+                f"* 100 /\n"
+                # `> 0`: a container without a grant has no percentage to exceed (and no division by 0).
+                f"(max {by(ctr_gpu)} (nvidia_gpu_gpu_sharing_memory) > 0)\n"
+                f"> 100"
+            ),
             "warning",
             "A container on a shared GPU uses more memory than it was granted.",
             f"Container {var(lb.container)} of pod {who} uses {{{{ $value | printf \"%.0f\" }}}}% of the "
@@ -44,12 +48,14 @@ def usage_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
         Alert(
             "KubeGpuAllocatedIdle",
             # The value is the GPUs held; the two `and` clauses only filter (idle, and holding some).
-            f"sum {by(ctr_keys)} (nvidia_gpu_allocated_compute_percent) / 100\n"
-            f"and {on(ctr_keys)}\n"
-            f'(sum {by(ctr_keys)} (nvidia_gpu_duty_cycle{{allocate_mode=~"exclusive|share"}}) '
-            f"< {opts.idle_percent:g})\n"
-            f"and {on(ctr_keys)}\n"
-            f"(sum {by(ctr_keys)} (nvidia_gpu_allocated_compute_percent) > 0)",
+            lb.for_container(
+                f"sum {by(ctr_keys)} (nvidia_gpu_allocated_compute_percent) / 100\n"
+                f"and {on(ctr_keys)}\n"
+                f'(sum {by(ctr_keys)} (nvidia_gpu_duty_cycle{{allocate_mode=~"exclusive|share"}}) '
+                f"< {opts.idle_percent:g})\n"
+                f"and {on(ctr_keys)}\n"
+                f"(sum {by(ctr_keys)} (nvidia_gpu_allocated_compute_percent) > 0)"
+            ),
             "info",
             "GPUs are allocated to a container that does not use them.",
             f"Container {var(lb.container)} of pod {who} on node {lb.where} holds {{{{ $value }}}} GPU(s) "
