@@ -145,6 +145,7 @@ ALL_ON = {
                        "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"],
                                         "targetLabel": "instance"}]},
     "prometheusRule": {"labels": {"release": "kube-prometheus-stack"}},
+    "prometheusStack": {"release": "kube-prometheus-stack"},
     "alerts": {"labels": {"team": "gpu"}, "annotations": {"example.com/a": "b"},
                "additionalRuleLabels": {"team": "ml-platform"}},
     "dashboards": {"enabled": True, "folder": "GPU"},
@@ -163,6 +164,12 @@ VALUE_SETS = {
         {"ipBlock": {"cidr": "10.0.0.0/8"}}]}},
     "no-pod-resources-no-watch": {"podResources": {"enabled": False}, "config": {"podWatch": False}},
     "no-rbac-no-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "gpu-sa"}},
+    # next to kube-prometheus-stack, on a pool with taints of its own (tests/test_helm_stack.py)
+    "stack": {**WITH_CRDS, "prometheusStack": {"release": "kps"}, "dashboards": {"enabled": True},
+              "runtimeClassName": "nvidia", "priorityClassName": "gpu-monitoring",
+              "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpuGroup", "effect": "NoSchedule"},
+                              {"key": "nvidia.com/gpu", "operator": "Exists"}]},
+    "no-tolerations": {"tolerations": []},
 }
 
 
@@ -170,7 +177,7 @@ VALUE_SETS = {
 # lint and schema validation of every built-in object
 
 
-@pytest.mark.parametrize("values", [{}, ALL_ON], ids=["default", "all-on"])
+@pytest.mark.parametrize("values", [{}, ALL_ON, VALUE_SETS["stack"]], ids=["default", "all-on", "stack"])
 def test_helm_lint_strict_is_clean(values):
     report = helm_python.lint(CHART, values, strict=True, namespace=NAMESPACE)
     assert report["errors"] == []
@@ -435,7 +442,8 @@ def test_scheduling_gpu_nodes_tolerations_runtime_class():
     keys = {e["key"] for t in terms for e in t["matchExpressions"]}
     assert "nvidia.com/gpu.present" in keys
     assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
-    assert "runtimeClassName" not in pod
+    assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
+    assert "runtimeClassName" not in pod and "priorityClassName" not in pod
     # Helm merges a user's map into the default one, so {} would keep the default affinity:
     # null is what deletes it (as `--set affinity=null` does)
     pod = one(render({"runtimeClassName": "nvidia", "affinity": None,

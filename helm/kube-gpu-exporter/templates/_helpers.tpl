@@ -167,3 +167,34 @@ true
 {{- define "kube-gpu-exporter.exporterSelector" -}}
 {{- default (printf "job=%s" (include "kube-gpu-exporter.name" . | quote)) .Values.alerts.exporterSelector -}}
 {{- end -}}
+
+{{/* kube-prometheus-stack: release: <prometheusStack.release>, the label its Prometheus selects
+     ServiceMonitors and PrometheusRules by (default serviceMonitorSelector/ruleSelector). A YAML
+     map, empty without the value. */}}
+{{- define "kube-gpu-exporter.stackLabels" -}}
+{{- with (.Values.prometheusStack | default dict).release -}}
+release: {{ . | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* The extra metadata labels of each monitoring object, as a YAML map: its own labels win over
+     the kube-prometheus-stack release label. The templates and NOTES.txt read the same maps. */}}
+{{- define "kube-gpu-exporter.serviceMonitorLabels" -}}
+{{- merge (deepCopy (.Values.serviceMonitor.labels | default dict)) (include "kube-gpu-exporter.stackLabels" . | fromYaml) | toYaml -}}
+{{- end -}}
+
+{{- define "kube-gpu-exporter.prometheusRuleLabels" -}}
+{{- merge (deepCopy (.Values.prometheusRule.labels | default dict)) (include "kube-gpu-exporter.stackLabels" . | fromYaml) | toYaml -}}
+{{- end -}}
+
+{{/* alerts.labels, then prometheusRule.labels (both objects are read by the same ruleSelector),
+     then the release label. */}}
+{{- define "kube-gpu-exporter.alertsLabels" -}}
+{{- merge (deepCopy (.Values.alerts.labels | default dict)) (deepCopy (.Values.prometheusRule.labels | default dict)) (include "kube-gpu-exporter.stackLabels" . | fromYaml) | toYaml -}}
+{{- end -}}
+
+{{/* The sidecar's label wins over dashboards.labels, which win over the release label. */}}
+{{- define "kube-gpu-exporter.dashboardLabels" -}}
+{{- $d := .Values.dashboards -}}
+{{- merge (dict $d.label (toString $d.labelValue)) (deepCopy ($d.labels | default dict)) (include "kube-gpu-exporter.stackLabels" . | fromYaml) | toYaml -}}
+{{- end -}}
