@@ -2,10 +2,11 @@
 and every panel query evaluated for real.
 
 No Grafana can run here, so the last tests do what Grafana would: a real Prometheus scrapes four
-simulated-node exporters (examples/mixed-4gpu-node.yaml with a kmsg file holding an Xid, and the
-three rules e2e nodes in two clusters) with the recording rules loaded; each dashboard's
-variables are resolved with their own label_values() queries, substituted, and every panel query
-must return a non-empty result.
+simulated-node exporters (examples/mixed-4gpu-node.yaml with a kmsg file holding an Xid and a
+process of an unknown pod, and the three rules e2e nodes in two clusters) with the recording rules
+loaded; each dashboard's variables are resolved with their own label_values() queries,
+substituted, and every panel query must return a non-empty result. That the results are right,
+not only there, is tests/test_dashboards_truth.py.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ DASHBOARD_DIR = ROOT / "dashboards"
 CONFIGMAP = "dashboards/kube-gpu-exporter.dashboards.configmap.yaml"
 LABEL_VALUES = r"label_values\((.+), ([a-zA-Z_][a-zA-Z0-9_]*)\)"
 PANEL_TYPES = {"row", "timeseries", "stat", "gauge", "bargauge", "table"}
+GRAFANA_VARIABLES = {"__rate_interval", "__range"}  # Grafana's own: never defined by a dashboard
 CUSTOM = DashboardOptions(
     pod_label="pod", namespace_label="namespace", container_label="container", node_label="node",
     cluster_label="k8s_cluster",
@@ -193,7 +195,7 @@ def test_every_variable_is_defined_and_used(rendering: str) -> None:
     for name, board in _boards(RENDERINGS[rendering]).items():
         defined = [v["name"] for v in board["templating"]["list"]]
         text = json.dumps([board["panels"], board["templating"]["list"]])
-        used = set(re.findall(r"\$\{?([a-z_]+)", text)) - {"__rate_interval"}
+        used = set(re.findall(r"\$\{?([a-z_]+)", text)) - GRAFANA_VARIABLES
         assert used <= set(defined), f"{name}: undefined {used - set(defined)}"
         for var in defined:
             assert var in used, f"{name}: ${var} is never used"
@@ -293,6 +295,12 @@ def test_options_change_the_output(capsys: pytest.CaptureFixture[str]) -> None:
 MIXED = ROOT / "examples" / "mixed-4gpu-node.yaml"
 # GPU 0 of the mixed node is at 00000000:07:00.0; pid 1001 is the trainer's process on it.
 KMSG = "4,10,1000000,-;NVRM: Xid (PCI:0000:07:00): 31, pid=1001, name=python, Ch 00000008, intr 00000000. MMU Fault\n"
+# A process in a pod the API does not know: counted as a skip (the node dashboard's Skips by reason).
+STRAY_PROCESS = {
+    "pid": 9001, "used_memory_bytes": 1048576, "sm_util": 0,
+    "cgroup": "0::/kubepods.slice/kubepods-pod0badc0de_0000_4000_8000_000000000000.slice/"
+              "cri-containerd-" + "9" * 64 + ".scope\n",
+}  # fmt: skip
 # (scenario, node, cluster, extra flags)
 NODES = [
     (MIXED, "gpu-node-mixed-1", "east", ("--kmsg-replay", "--no-events")),
@@ -304,12 +312,21 @@ NODES = [
 # variables take Grafana's "All": every value, as a regex alternation.
 CHOICES = {"cluster": "east", "node": "gpu-node-mixed-1", "namespace": "ml", "workload": "trainer"}
 RATE_INTERVAL = "10s"  # Grafana: max(4 x scrape interval, step + scrape interval); scrapes are 1 s here
+RANGE = "1h"  # $__range: the dashboard's time range (an instant query at its end sees the last hour)
 
 
 @dataclass(frozen=True)
 class Target:
     address: str
     cluster: str
+
+
+def with_stray_process(scenario: Path, out: Path) -> Path:
+    """``scenario`` plus a process of a pod the API does not know (a skip: process_pod_not_in_cache) on its last GPU."""
+    doc = yaml.safe_load(scenario.read_text())
+    doc["devices"][-1].setdefault("processes", []).append(STRAY_PROCESS)
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -320,6 +337,8 @@ def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Target]
     targets = []
     try:
         for scenario, node, cluster, extra in NODES:
+            if scenario == MIXED:  # the node the node dashboard shows: something in every panel
+                scenario = with_stray_process(scenario, tmp / scenario.name)
             kmsg = ("--kmsg-path", str(tmp / "kmsg")) if extra else ()
             proc, address = start_exporter(scenario, node, tmp, *kmsg, *extra)
             procs.append(proc)
@@ -336,7 +355,7 @@ def _regex_escape(value: str) -> str:
 
 
 def _substitute(text: str, values: dict[str, str]) -> str:
-    text = text.replace("$__rate_interval", RATE_INTERVAL)
+    text = text.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", RANGE)
     for name in sorted(values, key=len, reverse=True):
         text = text.replace(f"${{{name}}}", values[name]).replace(f"${name}", values[name])
     return text

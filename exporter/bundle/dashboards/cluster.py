@@ -1,7 +1,9 @@
 """GPU / Cluster overview: capacity, allocation and usage of the cluster, by namespace, workload and node.
 
 No variables besides ``datasource`` (and ``cluster``). Usage, requests and allocations are in
-GPUs: the recorded "% of one GPU" divided by 100.
+GPUs: the recorded "% of one GPU" divided by 100. A MIG device counts as a GPU where Kubernetes
+hands it out (capacity, allocation); NVML gives it no utilization, so the utilization ratios
+here are over the GPUs that report one (``Without utilization`` counts the others).
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ def _capacity_stats(q: Selectors) -> list[Panel]:
     return [
         Stat(
             "GPUs",
-            "GPUs in the cluster: all of them (nvidia_gpu_num_devices) and the healthy ones, "
-            "which the cluster ratios divide by.",
+            "Devices in the cluster (whole GPUs and MIG devices: nvidia_gpu_num_devices), the healthy ones, "
+            "which the cluster ratios divide by, and the physical GPUs they are on.",
             "short",
             [
-                Target(f"sum(kube_node_status_capacity_gpu{s()}) / 100", "all"),
+                Target(f"sum(kube_node_status_capacity_gpu{s()}) / 100", "devices"),
                 Target(f"k8s_cluster_gpu_total{s()} / 100", "healthy"),
+                Target(q.card_count(), "physical"),
             ],
             w=4,
             h=5,
@@ -59,12 +62,12 @@ def _capacity_stats(q: Selectors) -> list[Panel]:
             "short",
             [Target(f"sum(kube_node_status_capacity_gpu{s()} - kube_node_status_allocatable_gpu{s()}) / 100")],
             steps=RED_FROM_ONE,
-            w=3,
+            w=2,
             h=5,
         ),
         Stat(
             "GPUs allocated",
-            "GPUs with at least one allocation (whole or shared).",
+            "Devices with at least one allocation (whole or shared; a MIG device counts as one).",
             "short",
             [Target(f"sum(k8s_node_gpu_allocated_devices{s()})")],
             w=3,
@@ -76,6 +79,16 @@ def _capacity_stats(q: Selectors) -> list[Panel]:
             "bytes",
             [Target(f"k8s_cluster_gpu_memory_total_bytes{s()}")],
             w=3,
+            h=5,
+        ),
+        Stat(
+            "Without utilization",
+            "Devices NVML reports no utilization for: MIG devices. GPU used and the usage ratios leave them "
+            "out, so with any here those describe the other GPUs only.",
+            "short",
+            [Target(q.without_utilization())],
+            steps=((None, "green"), (1, "orange")),
+            w=2,
             h=5,
         ),
     ]
@@ -101,10 +114,12 @@ def _capacity_gauges(q: Selectors) -> list[Panel]:
         # usage is not a warning sign, unlike allocation near full: no orange or red
         Gauge(
             "GPU used",
-            "Device duty cycle of all GPUs / healthy GPUs (k8s_cluster_rate_gpu_used_cluster).",
-            [Target(f"k8s_cluster_rate_gpu_used_cluster{s()}")],
+            "Mean duty cycle of the GPUs that report one. MIG devices report none and are left out (see "
+            "Without utilization), not counted as idle as k8s_cluster_rate_gpu_used_cluster does.",
+            [Target(f"avg({q.utilization()})")],
             steps=GREEN,
-            w=3,
+            no_value="no utilization: MIG devices report none",
+            w=2,
             h=5,
         ),
         Gauge(
@@ -122,7 +137,8 @@ def _over_time(q: Selectors) -> list[Panel]:
     return [
         TimeSeries(
             "GPUs: healthy, allocated, used",
-            "In GPUs (1 = one whole GPU). Used = the devices' duty cycles, each GPU counted once.",
+            "In GPUs (1 = one whole GPU or MIG device). Used = the devices' duty cycles, each GPU counted "
+            "once; MIG devices report none, so used leaves them out.",
             "short",
             [
                 Target(f"k8s_cluster_gpu_total{s()} / 100", "healthy"),
@@ -152,18 +168,22 @@ def _by_namespace(q: Selectors) -> list[Panel]:
     return [
         TimeSeries(
             "GPU used by namespace",
-            "In GPUs: the namespace's containers' own usage (share containers their processes' SM utilisation).",
+            "In GPUs: the namespace's containers' own usage (share containers their processes' SM utilisation; "
+            "MIG devices report none).",
             "short",
-            [Target(f"k8s_namespace_gpu_used{s()} / 100", ns)],
+            [Target(f"sum {by} (k8s_namespace_gpu_used{s()}) / 100", ns)],
+            no_value="no container uses a GPU",
             stack=True,
             w=12,
             h=8,
         ),
         BarGauge(
             "Share of the cluster's GPUs used",
-            "k8s_namespace_rate_gpu_used_cluster: namespace usage / healthy GPUs of the cluster.",
+            "k8s_namespace_rate_gpu_used_cluster: namespace usage / healthy GPUs of the cluster. Partial with "
+            "MIG devices (see Without utilization): they count as GPUs but report no usage.",
             "percent",
-            [Target(f"k8s_namespace_rate_gpu_used_cluster{s()}", ns)],
+            [Target(f"max {by} (k8s_namespace_rate_gpu_used_cluster{s()})", ns)],
+            no_value="no container uses a GPU",
             maximum=100,
             w=6,
             h=8,
@@ -173,6 +193,7 @@ def _by_namespace(q: Selectors) -> list[Panel]:
             "Compute allocated to the namespace's containers, in GPUs.",
             "short",
             [Target(f"sum {by} (k8s_pod_gpu_request{s()}) / 100", ns)],
+            no_value="no compute allocated",
             w=6,
             h=8,
         ),
@@ -180,7 +201,8 @@ def _by_namespace(q: Selectors) -> list[Panel]:
             "GPU memory used by namespace",
             "Memory used by the namespace's containers.",
             "bytes",
-            [Target(f"k8s_namespace_gpu_memory_used_bytes{s()}", ns)],
+            [Target(f"sum {by} (k8s_namespace_gpu_memory_used_bytes{s()})", ns)],
+            no_value="no container uses GPU memory",
             stack=True,
             w=12,
             h=8,
@@ -203,19 +225,29 @@ def _by_namespace(q: Selectors) -> list[Panel]:
     ]
 
 
+def _top_workloads(q: Selectors, n: int) -> str:
+    """The ``n`` workloads that used the most GPU over the dashboard's time range, in GPUs.
+
+    A ``topk`` over a range query is evaluated at every step: it would show more than ``n`` lines,
+    a workload entering and leaving as the ranking changes. So the ranking is one instant vector,
+    the mean over the range evaluated at the range's end (``@ end()``, Prometheus 2.25+), and every
+    step keeps the workloads in it (``and on``).
+    """
+    s, wl = q.s, (q.ns, "workload_kind", "workload_name")
+    used = f"sum {q.by(*wl)} (k8s_workload_gpu_used{s()})"
+    ranked = f"topk({n}, sum {q.by(*wl)} (avg_over_time(k8s_workload_gpu_used{s()}[$__range] @ end())))"
+    return f"{used} / 100\nand {q.on(*wl)}\n{ranked}"
+
+
 def _by_workload(q: Selectors) -> list[Panel]:
     s, by = q.s, q.by(q.ns, "workload_kind", "workload_name")
     return [
         TimeSeries(
             "GPU used by workload (top 10)",
-            "In GPUs, all pods of the workload on every node.",
+            "In GPUs, all pods of the workload on every node: the 10 that used the most over the time range.",
             "short",
-            [
-                Target(
-                    f"topk(10, k8s_workload_gpu_used{s()}) / 100",
-                    q.legend(q.ns, "workload_kind", "workload_name"),
-                )
-            ],
+            [Target(_top_workloads(q, 10), q.legend(q.ns, "workload_kind", "workload_name"))],
+            no_value="no workload used a GPU",
             w=12,
             h=9,
         ),
@@ -242,14 +274,17 @@ def _nodes(q: Selectors) -> list[Panel]:
     return [
         Table(
             "Nodes",
-            "Per node: GPUs, allocation and usage (GPUs and % of the node's capacity).",
+            "Per node: devices (whole GPUs and MIG devices), physical GPUs, allocation and usage (GPUs and % of "
+            "the node's capacity). GPU used % is the mean duty cycle of the node's GPUs that report one.",
             q.labels((q.node, "Node")),
             [
-                Column(f"max {by} (kube_node_status_capacity_gpu{s()}) / 100", "GPUs", "short"),
+                Column(f"max {by} (kube_node_status_capacity_gpu{s()}) / 100", "Devices", "short"),
+                Column(q.card_count(q.node), "Physical GPUs", "short"),
                 Column(f"max {by} (kube_node_status_allocatable_gpu{s()}) / 100", "Healthy", "short"),
                 Column(f"max {by} (k8s_node_gpu_allocated_devices{s()})", "GPUs allocated", "short"),
                 Column(f"max {by} (k8s_node_gpu_allocated_compute{s()}) / 100", "Compute allocated", "short"),
-                Column(f"max {by} (k8s_node_rate_gpu_used{s()})", "GPU used %", "percent"),
+                Column(f"avg {by} ({q.utilization()})", "GPU used %", "percent"),
+                Column(q.without_utilization(q.node), "Without utilization", "short"),
                 Column(f"max {by} (k8s_node_rate_gpu_memory_used{s()})", "Memory used %", "percent"),
                 Column(f"max {by} (k8s_node_rate_gpu_memory_allocated{s()})", "Memory allocated %", "percent"),
             ],

@@ -18,7 +18,7 @@ Steps = Sequence[tuple[float | None, str]]
 
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids the dashboards use (tests check every panel against this list).
-UNITS: frozenset[str] = frozenset({"percent", "bytes", "mwatt", "celsius", "short", "none", "dateTimeFromNow"})
+UNITS: frozenset[str] = frozenset({"percent", "bytes", "mwatt", "celsius", "short", "none", "dateTimeFromNow", "s"})
 
 GREEN: Steps = ((None, "green"),)
 RED_FROM_ONE: Steps = ((None, "green"), (1, "red"))
@@ -72,13 +72,18 @@ def _optional(**values: float | None) -> Json:
 
 @dataclass(frozen=True)
 class Panel:
-    """What every panel has: a title, a description (the panel's tooltip) and its grid size."""
+    """What every panel has: a title, a description (the panel's tooltip) and its grid size.
+
+    ``no_value`` is what the panel says instead of Grafana's "No data" when its queries return
+    nothing: why that is normal (no shared GPU, no Xid since the exporter started).
+    """
 
     title: str
     description: str
     _: KW_ONLY
     w: int
     h: int
+    no_value: str | None = None
 
     def to_json(self) -> Json:
         raise NotImplementedError
@@ -86,6 +91,8 @@ class Panel:
     def _json(
         self, kind: str, unit: str, targets: list[Json], options: Json, defaults: Mapping[str, Any] | None = None
     ) -> Json:
+        if self.no_value is not None:
+            defaults = {**(defaults or {}), "noValue": self.no_value}
         return {
             "type": kind,
             "title": self.title,
@@ -133,16 +140,20 @@ class TimeSeries(Panel):
 
 @dataclass(frozen=True)
 class Stat(Panel):
-    """The latest value, coloured by ``steps``, with a sparkline."""
+    """The latest value, coloured by ``steps``, with a sparkline; ``texts`` shows values as words (1: "up")."""
 
     unit: str
     targets: Sequence[Target]
     _: KW_ONLY
     steps: Steps = GREEN
     decimals: int | None = None
+    texts: Sequence[tuple[int, str]] = ()
 
     def to_json(self) -> Json:
-        defaults = {"thresholds": _thresholds(self.steps), "color": {"mode": "thresholds"}}
+        defaults: Json = {"thresholds": _thresholds(self.steps), "color": {"mode": "thresholds"}}
+        if self.texts:
+            options = {str(v): {"text": text, "index": i} for i, (v, text) in enumerate(self.texts)}
+            defaults["mappings"] = [{"type": "value", "options": options}]
         options = {
             "reduceOptions": _last_value(),
             "colorMode": "value",
