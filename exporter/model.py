@@ -135,11 +135,31 @@ class PodInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimResource:
+    """kubelet pod-resources v1 ClaimResource: one DRA device, named by (driver, pool, device)."""
+
+    driver_name: str
+    pool_name: str
+    device_name: str
+    share_id: str = ""  # 1.35+, DRAConsumableCapacity only
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicResource:
+    """kubelet pod-resources v1 DynamicResource: one ResourceClaim a container names, with its devices."""
+
+    claim_name: str  # the ResourceClaim object's name, not the pod-local reference
+    claim_namespace: str
+    claim_resources: tuple[ClaimResource, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class PodResourcesContainer:
     """kubelet pod-resources v1 ContainerResources, devices flattened."""
 
     name: str
     devices: tuple[tuple[str, tuple[str, ...]], ...]  # (resource_name, device_ids)
+    dynamic_resources: tuple[DynamicResource, ...] = ()  # DRA claims (empty before the 1.34 gate default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -376,8 +376,11 @@ def write_scenario(scenario: Mapping[str, Any], path: Path) -> Path:
 @contextlib.contextmanager
 def exporter_node(scenario: Mapping[str, Any], workdir: Path, *, missing_pids: Sequence[int] = (),
                   api_pods: Sequence[Mapping[str, Any]] | None = None, extra_args: Sequence[str] = (),
-                  interval: float = 0.2, python: str = sys.executable) -> Iterator[Node]:
+                  interval: float = 0.2, python: str = sys.executable,
+                  api_setup: Callable[[ApiServerDouble], None] | None = None) -> Iterator[Node]:
     """Start the fakes and ``python -m exporter`` (real NVML backend) for ``scenario``.
+
+    ``api_setup`` prepares the API double before the exporter starts (e.g. the versions it serves).
 
     ``api_pods`` overrides the pods the API double starts with (default: the scenario's);
     ``missing_pids`` get no /proc entry. The exporter is not waited for: call ``wait_ready``.
@@ -395,6 +398,10 @@ def exporter_node(scenario: Mapping[str, Any], workdir: Path, *, missing_pids: S
     with contextlib.ExitStack() as stack:
         api = stack.enter_context(ApiServerDouble())
         api.set_nodes([make_node(node_name, labels=scenario.get("node_labels") or {})])
+        api.set_resource_slices(list(scenario.get("resource_slices") or []))  # DRA objects, as the API serves them
+        api.set_resource_claims(list(scenario.get("resource_claims") or []))
+        if api_setup is not None:
+            api_setup(api)
         initial_pods = scenario.get("pods") or [] if api_pods is None else api_pods
         for pod in initial_pods:
             api.add_pod(pod)

@@ -470,7 +470,11 @@ def test_image_defaults_to_app_version_and_digest_wins():
 # What each feature needs; tests/test_helm_rbac.py derives the same sets from the API calls the
 # exporter makes against the API double.
 EVENTS = {("events.k8s.io", "events", v, EVENT_NAMESPACE) for v in ("create", "patch")}
-PODS_NODES = {("", "pods", "list", CLUSTER), ("", "pods", "watch", CLUSTER), ("", "nodes", "get", CLUSTER)}
+PODS_NODES = {("", "pods", "list", CLUSTER), ("", "pods", "watch", CLUSTER), ("", "nodes", "get", CLUSTER),
+              # DRA: this node's ResourceSlices, and the ResourceClaims its pods name (docs/sharing.md)
+              ("resource.k8s.io", "resourceslices", "list", CLUSTER),
+              ("resource.k8s.io", "resourceslices", "watch", CLUSTER),
+              ("resource.k8s.io", "resourceclaims", "get", CLUSTER)}
 
 
 def test_rbac_is_exactly_what_the_exporter_needs():

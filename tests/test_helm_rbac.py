@@ -37,6 +37,7 @@ from tests.integration_support import (
     poll,
 )
 from tests.k8s_double import ApiServerDouble, RecordedRequest, make_node
+from tests.test_dra_shapes import claim, gpu_device, pod, resource_slice
 from tests.test_helm import CLUSTER, ROOT, container, one, rbac_grants, render
 
 READY_S = 60.0  # a Python process importing the kubernetes client on a loaded 2-core box
@@ -46,6 +47,9 @@ SCENARIO = EXAMPLES / "seed-exclusive-t4.yaml"
 XID = 31  # MMU fault: the GPU stays up
 
 Grant = tuple[str, str, str, str]  # (apiGroup, resource, verb, scope)
+# DRA: this node's ResourceSlices (list, watch) and the ResourceClaims its pods name (get, in their namespace)
+DRA = {("resource.k8s.io", "resourceslices", "list", CLUSTER), ("resource.k8s.io", "resourceslices", "watch", CLUSTER),
+       ("resource.k8s.io", "resourceclaims", "get", CLUSTER)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,6 +94,10 @@ def test_request_mapping_follows_the_api_server():
         "events.k8s.io", "events", "patch", "default")
     assert rbac_needed(req("PUT", "/api/v1/namespaces/ml/pods/p/status")) == ("", "pods/status", "update", "ml")
     assert rbac_needed(req("DELETE", "/api/v1/namespaces/ml/pods")) == ("", "pods", "deletecollection", "ml")
+    assert rbac_needed(req("GET", "/apis/resource.k8s.io/v1/resourceslices", watch="true")) == (
+        "resource.k8s.io", "resourceslices", "watch", CLUSTER)
+    assert rbac_needed(req("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/c")) == (
+        "resource.k8s.io", "resourceclaims", "get", "ml")
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,8 +148,9 @@ def exporter_as_the_chart_runs_it(values: dict, tmp_path: Path, *, nvml_xids: bo
     with ExitStack() as stack:
         api = stack.enter_context(ApiServerDouble())
         api.set_nodes([make_node(node, labels=scenario.get("node_labels") or {})])
-        for pod in scenario.get("pods") or []:
-            api.add_pod(pod)
+        for p in scenario.get("pods") or []:
+            api.add_pod(p)
+        _add_dra_pod(api, node)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("KUBE_GPU_EXPORTER_") and k not in ("KUBECONFIG", "NODE_NAME")}
         env = subprocess_env(lib.parent, config, env)
@@ -173,6 +182,14 @@ def exporter_as_the_chart_runs_it(values: dict, tmp_path: Path, *, nvml_xids: bo
         yield Run(exporter, api, kmsg, node, podres)
 
 
+def _add_dra_pod(api: ApiServerDouble, node: str) -> None:
+    """A pod holding a GPU through a ResourceClaim, so that the exporter reads the DRA objects."""
+    uid = "d7a00000-0000-4000-8000-00000000ab01"
+    api.add_pod(pod("ml", "dra-probe", uid, node, {"c": [("gpu", "")]}, {"gpu": ("claim", "dra-probe-gpu")}))
+    api.set_resource_claims([claim("ml", "dra-probe-gpu", [("gpu", node, "gpu-0")], [("dra-probe", uid)])])
+    api.set_resource_slices([resource_slice(node, [gpu_device(0, "GPU-00000000-0000-4000-8000-00000000ab01")])])
+
+
 def _answered(api: ApiServerDouble) -> list[RecordedRequest]:
     requests = api.requests
     bad = [(r.method, r.path, r.status) for r in requests if r.status is None or not 200 <= r.status < 300]
@@ -186,6 +203,11 @@ def _wait_for_pod_and_node_reads(run: Run) -> None:
     poll(lambda: run.api.requests_to("GET", f"/api/v1/nodes/{run.node}") or None, READY_S, "the Node read")
     poll(lambda: [r for r in run.api.requests_to("GET", "/api/v1/pods") if r.query.get("watch")] or None,
          READY_S, "the pod watch")
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+    poll(lambda: [r for r in run.api.requests_to("GET", slices) if r.query.get("watch")] or None,
+         READY_S, "the ResourceSlice watch")
+    poll(lambda: run.api.requests_to("GET", "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/") or None,
+         READY_S, "the ResourceClaim read")
 
 
 def _event_creates(api: ApiServerDouble) -> list[RecordedRequest]:
@@ -195,8 +217,11 @@ def _event_creates(api: ApiServerDouble) -> list[RecordedRequest]:
 def _recorded_vs_granted(values: dict, run: Run) -> tuple[set[Grant], set[Grant]]:
     run.exporter.stop()  # flushes the pending series update: the PATCH
     assert run.exporter.proc is not None and run.exporter.proc.returncode == 0, run.exporter.output()[-3000:]
+    granted = rbac_grants(render(values))
     recorded = {rbac_needed(r) for r in _answered(run.api)}
-    return recorded, rbac_grants(render(values))
+    # a namespaced read that a ClusterRoleBinding authorizes (the claims of pods in any namespace)
+    recorded = {(g, r, v, CLUSTER) if (g, r, v, CLUSTER) in granted else (g, r, v, s) for g, r, v, s in recorded}
+    return recorded, granted
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,7 +246,9 @@ def test_default_chart_grants_exactly_what_the_exporter_calls(tmp_path: Path):
     assert recorded == granted
     assert granted == {("", "pods", "list", CLUSTER), ("", "pods", "watch", CLUSTER), ("", "nodes", "get", CLUSTER),
                        ("events.k8s.io", "events", "create", EVENT_NAMESPACE),
-                       ("events.k8s.io", "events", "patch", EVENT_NAMESPACE)}
+                       ("events.k8s.io", "events", "patch", EVENT_NAMESPACE)} | DRA
+    slices = run.api.requests_to("GET", "/apis/resource.k8s.io/v1/resourceslices")
+    assert slices and {r.query.get("fieldSelector") for r in slices} == {f"spec.nodeName={run.node}"}
     # the pod list/watch is this node's pods only (which RBAC cannot express; the code does)
     pods = [r for r in run.api.requests_to("GET", "/api/v1/pods")]
     assert pods and {r.query.get("fieldSelector") for r in pods} == {f"spec.nodeName={run.node}"}
@@ -249,7 +276,7 @@ def test_without_events_no_event_is_written_and_none_granted(tmp_path: Path):
         poll(lambda: run.xids_counted() == 2 or None, READY_S, "both Xids counted")
         recorded, granted = _recorded_vs_granted(values, run)
     assert recorded == granted == {("", "pods", "list", CLUSTER), ("", "pods", "watch", CLUSTER),
-                                   ("", "nodes", "get", CLUSTER)}
+                                   ("", "nodes", "get", CLUSTER)} | DRA
 
 
 def test_without_xid_the_events_role_goes(tmp_path: Path):

@@ -18,7 +18,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.model import PodResources, PodResourcesContainer
+from exporter.model import ClaimResource, DynamicResource, PodResources, PodResourcesContainer
 from exporter.node.podresources import (
     PodResourcesDecodeError,
     PodResourcesUnavailable,
@@ -33,7 +33,9 @@ PODS = (
         name="trainer-0",
         namespace="ml",
         containers=(
-            PodResourcesContainer("main", ((GPU, ("GPU-aaa", "GPU-bbb")),)),
+            # a 1.27-1.30 kubelet's entry: class_name (skipped) and CDI names only, no device triplet
+            PodResourcesContainer("main", ((GPU, ("GPU-aaa", "GPU-bbb")),),
+                                  (DynamicResource("c1", "ml", (ClaimResource("", "", ""),)),)),
             PodResourcesContainer("sidecar", ()),
         ),
     ),
@@ -88,7 +90,7 @@ def test_decode_hand_built_bytes_with_every_skipped_field() -> None:
         + b"\x08\x07"  # field 1 with the wrong wire type: treated as unknown
     )
     response = ld(0x0a, pod) + b"\x10\x01"  # + unknown varint field 2
-    main = PodResourcesContainer("main", (("nvidia.com/gpu", ("GPU-1", "GPU-2")),))
+    main = PodResourcesContainer("main", (("nvidia.com/gpu", ("GPU-1", "GPU-2")),), (DynamicResource("claim", "ns"),))
     assert len(pod) > 127  # the outer length needs a two-byte varint
     assert decode_list_response(response) == (PodResources("pod", "ns", (main,)),)
 
@@ -161,7 +163,8 @@ def _official_classes() -> type:
     message("ContainerMemory", ("memory_type", 1, s, opt, ""), ("size", 2, u64, opt, ""),
             ("topology", 3, msg, opt, "TopologyInfo"))
     message("CDIDevice", ("name", 1, s, opt, ""))
-    message("ClaimResource", ("cdi_devices", 1, msg, rep, "CDIDevice"))
+    message("ClaimResource", ("cdi_devices", 1, msg, rep, "CDIDevice"), ("driver_name", 2, s, opt, ""),
+            ("pool_name", 3, s, opt, ""), ("device_name", 4, s, opt, ""), ("share_id", 5, s, opt, ""))
     message("DynamicResource", ("class_name", 1, s, opt, ""), ("claim_name", 2, s, opt, ""),
             ("claim_namespace", 3, s, opt, ""), ("claim_resources", 4, msg, rep, "ClaimResource"))
     message("ContainerResources", ("name", 1, s, opt, ""), ("devices", 2, msg, rep, "ContainerDevices"),
@@ -200,6 +203,33 @@ def test_decode_official_serialization() -> None:
     assert decode_list_response(_official_bytes()) == PODS
 
 
+def test_decode_dynamic_resources_of_current_kubelets() -> None:
+    """1.34 (driver/pool/device, CDI names repeated per the kubelet's quirk), 1.35+ (share_id), MIG names."""
+    resp = Official()
+    pod = resp.pod_resources.add(name="trainer-6c9f7d8b5-q4w2z", namespace="ml")
+    c = pod.containers.add(name="main")
+    c.devices.add(resource_name="example.com/nic", device_ids=["nic0"])
+    dra = c.dynamic_resources.add(claim_name="trainer-6c9f7d8b5-q4w2z-gpu-h5m8d", claim_namespace="ml")
+    r0 = dra.claim_resources.add(driver_name="gpu.nvidia.com", pool_name="node-a", device_name="gpu-0")
+    r0.cdi_devices.add(name="k8s.gpu.nvidia.com/claim=0f1e2d3c-gpu-0")
+    r1 = dra.claim_resources.add(driver_name="gpu.nvidia.com", pool_name="node-a",
+                                 device_name="gpu-1-mig-1g5gb-19-0", share_id="7f3c1f9e-52c0-4c62-9a0d-3a8d2f3e0b11")
+    r1.cdi_devices.add(name="k8s.gpu.nvidia.com/claim=0f1e2d3c-gpu-0")
+    r1.cdi_devices.add(name="k8s.gpu.nvidia.com/claim=0f1e2d3c-gpu-1-mig-1g5gb-19-0")
+    c.dynamic_resources.add(claim_name="net", claim_namespace="ml").claim_resources.add(
+        driver_name="compute-domain.nvidia.com", pool_name="node-a", device_name="channel-0")
+    want = PodResourcesContainer("main", (("example.com/nic", ("nic0",)),), (
+        DynamicResource("trainer-6c9f7d8b5-q4w2z-gpu-h5m8d", "ml", (
+            ClaimResource("gpu.nvidia.com", "node-a", "gpu-0"),
+            ClaimResource("gpu.nvidia.com", "node-a", "gpu-1-mig-1g5gb-19-0", "7f3c1f9e-52c0-4c62-9a0d-3a8d2f3e0b11"))),
+        DynamicResource("net", "ml", (ClaimResource("compute-domain.nvidia.com", "node-a", "channel-0"),))))
+    data = resp.SerializeToString()
+    assert decode_list_response(data) == (PodResources("trainer-6c9f7d8b5-q4w2z", "ml", (want,)),)
+    parsed = Official.FromString(encode_list_response(decode_list_response(data)))
+    got = parsed.pod_resources[0].containers[0].dynamic_resources[0].claim_resources[1]
+    assert (got.device_name, got.share_id) == ("gpu-1-mig-1g5gb-19-0", "7f3c1f9e-52c0-4c62-9a0d-3a8d2f3e0b11")
+
+
 def test_official_parses_our_encoding() -> None:
     parsed = Official.FromString(encode_list_response(PODS))
     assert [(p.name, p.namespace) for p in parsed.pod_resources] == [(p.name, p.namespace) for p in PODS]
@@ -224,6 +254,10 @@ _pods = st.lists(
                 devices=st.lists(
                     st.tuples(_text, st.lists(_text, max_size=3).map(tuple)), max_size=3
                 ).map(tuple),
+                dynamic_resources=st.lists(st.builds(
+                    DynamicResource, claim_name=_text, claim_namespace=_text,
+                    claim_resources=st.lists(st.builds(ClaimResource, _text, _text, _text, _text),
+                                             max_size=2).map(tuple)), max_size=2).map(tuple),
             ),
             max_size=3,
         ).map(tuple),

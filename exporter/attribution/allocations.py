@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from exporter.attribution.schemes import gke, gpushare, hami, nvidia, vcuda
+from exporter.attribution.dra import device_uuids, dra_allocations, index_dynamic_resources
+from exporter.attribution.dra_objects import PodClaims, parse_claims, parse_slices
+from exporter.attribution.schemes import dra, gke, gpushare, hami, nvidia, vcuda
 from exporter.attribution.schemes.base import Allocation, NodeContext, Scheme, index_pod_resources
 from exporter.model import ContainerInfo, DeviceSample, PodInfo, PodResources
 
-# The first scheme that claims a container allocates it. HAMi comes first because its pods
-# also request nvidia.com/gpu; GKE's plugin serves nvidia.com/gpu too, but only on GKE nodes or
-# with its own device ids; the NVIDIA device plugin, the most generic claim, comes last.
-SCHEMES: tuple[Scheme, ...] = (hami.SCHEME, gpushare.SCHEME, vcuda.SCHEME, gke.SCHEME, nvidia.SCHEME)
+# The first scheme that claims a container allocates it. DRA comes first: it claims only containers
+# a ResourceClaim gave a GPU of this node, whose nvidia.com/gpu (DRA's extended resource) must not
+# count twice. HAMi comes next because its pods also request nvidia.com/gpu; GKE's plugin serves
+# nvidia.com/gpu too, but only on GKE nodes or with its own device ids; the NVIDIA device plugin,
+# the most generic claim, comes last.
+SCHEMES: tuple[Scheme, ...] = (dra.SCHEME, hami.SCHEME, gpushare.SCHEME, vcuda.SCHEME, gke.SCHEME, nvidia.SCHEME)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +38,34 @@ def compute_allocations(
     node_labels: Mapping[str, str],
     pod_resources: Iterable[PodResources] | None = None,
     node_capacity: Mapping[str, str] | None = None,
+    resource_slices: Iterable[Any] | None = None,
+    resource_claims: Iterable[Any] | None = None,
+    pod_claims: Mapping[str, PodClaims] | None = None,
+    node_name: str = "",
 ) -> AllocationResult:
-    """Every container's GPU allocations on this node, placed on a GPU where known."""
+    """Every container's GPU allocations on this node, placed on a GPU where known.
+
+    ``resource_slices`` and ``resource_claims`` are raw API objects (untrusted, parsed here);
+    ``pod_claims`` the pods' claim references by pod uid; ``node_name`` selects this node's slices.
+    """
     skips: dict[str, int] = {}
 
     def skip(reason: str) -> None:
         skips[reason] = skips.get(reason, 0) + 1
 
-    node = NodeContext(devices, node_labels, index_pod_resources(pod_resources or ()), skip, node_capacity or {})
+    pods = list(pods)
+    pod_resources = tuple(pod_resources or ())
+    dynamic = index_dynamic_resources(pod_resources)
+    dra_allocs: dict[tuple[str, str], tuple[Allocation, ...]] = {}
+    if dynamic or pod_claims:
+        try:
+            mapping = device_uuids(parse_slices(resource_slices or (), node_name, skip), devices, skip)
+            dra_allocs = dra_allocations(pods, mapping, dynamic, parse_claims(resource_claims or (), skip),
+                                         pod_claims or {}, skip)
+        except Exception:  # hostile DRA objects must never fail the cycle for the other schemes
+            skip("dra_allocation_failed")
+    node = NodeContext(devices, node_labels, index_pod_resources(pod_resources), skip, node_capacity or {},
+                       dra_allocs)
     out: list[Allocation] = []
     for pod in pods:
         if pod.phase in ("Succeeded", "Failed"):

@@ -13,9 +13,16 @@ out of the build. Field numbers follow ``k8s.io/kubelet/pkg/apis/podresources/v1
                                repeated DynamicResource dynamic_resources = 5; }
     ContainerDevices         { string resource_name = 1; repeated string device_ids = 2;
                                TopologyInfo topology = 3; }
+    DynamicResource          { string class_name = 1 (1.27-1.30, removed); string claim_name = 2;
+                               string claim_namespace = 3; repeated ClaimResource claim_resources = 4; }
+    ClaimResource            { repeated CDIDevice cdi_devices = 1; string driver_name = 2;
+                               string pool_name = 3; string device_name = 4;
+                               optional string share_id = 5 (1.35+); }
 
-Only the fields the model keeps are decoded; everything else (cpu_ids, memory, DRA, topology,
-fields added by later kubelets) is skipped by wire type, as protobuf requires.
+Only the fields the model keeps are decoded; everything else (cpu_ids, memory, topology, CDI
+names, an old kubelet's class_name, fields added by later kubelets) is skipped by wire type, as
+protobuf requires. ``dynamic_resources`` is empty unless the kubelet's
+KubeletPodResourcesDynamicResources gate is on (default since 1.34).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 
-from exporter.model import PodResources, PodResourcesContainer
+from exporter.model import ClaimResource, DynamicResource, PodResources, PodResourcesContainer
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
@@ -145,15 +152,39 @@ def _decode_devices(buf: bytes) -> tuple[str, tuple[str, ...]]:
     return resource_name, tuple(device_ids)
 
 
+def _decode_claim_resource(buf: bytes) -> ClaimResource:
+    strings = {2: "", 3: "", 4: "", 5: ""}  # driver, pool, device, share id; cdi_devices (1) skipped
+    for field, payload in _fields(buf):
+        if field in strings:
+            strings[field] = _string(payload)
+    return ClaimResource(strings[2], strings[3], strings[4], strings[5])
+
+
+def _decode_dynamic_resource(buf: bytes) -> DynamicResource:
+    claim_name = claim_namespace = ""
+    resources: list[ClaimResource] = []
+    for field, payload in _fields(buf):
+        if field == 2:
+            claim_name = _string(payload)
+        elif field == 3:
+            claim_namespace = _string(payload)
+        elif field == 4:
+            resources.append(_decode_claim_resource(payload))
+    return DynamicResource(claim_name, claim_namespace, tuple(resources))
+
+
 def _decode_container(buf: bytes) -> PodResourcesContainer:
     name = ""
     devices: list[tuple[str, tuple[str, ...]]] = []
+    dynamic: list[DynamicResource] = []
     for field, payload in _fields(buf):
         if field == 1:
             name = _string(payload)
         elif field == 2:
             devices.append(_decode_devices(payload))
-    return PodResourcesContainer(name=name, devices=tuple(devices))
+        elif field == 5:
+            dynamic.append(_decode_dynamic_resource(payload))
+    return PodResourcesContainer(name=name, devices=tuple(devices), dynamic_resources=tuple(dynamic))
 
 
 def _decode_pod(buf: bytes) -> PodResources:
@@ -211,6 +242,12 @@ def encode_list_response(pods: Iterable[PodResources]) -> bytes:
                     _len_field(2, d.encode("utf-8")) for d in device_ids  # repeated: keep empties
                 )
                 cbody += _len_field(2, dbody)
+            for dr in container.dynamic_resources:
+                rbody = _str_field(2, dr.claim_name) + _str_field(3, dr.claim_namespace)
+                for cr in dr.claim_resources:
+                    rbody += _len_field(4, _str_field(2, cr.driver_name) + _str_field(3, cr.pool_name)
+                                        + _str_field(4, cr.device_name) + _str_field(5, cr.share_id))
+                cbody += _len_field(5, rbody)
             body += _len_field(3, cbody)
         out += _len_field(1, body)
     return bytes(out)

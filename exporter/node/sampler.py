@@ -11,14 +11,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 
 from exporter.attribution.allocations import compute_allocations
 from exporter.attribution.attribute import NodeAttribution, PodLookup, attribute
+from exporter.attribution.dra_objects import PodClaims
 from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, pod_label_skips
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.exposition.snapshot import Snapshot, make_snapshot, with_sample_failures
@@ -102,6 +103,9 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         node_capacity: Callable[[], Mapping[str, str]] = dict,
         pod_labels: PodLabelAllowlist = NO_POD_LABELS,
+        resource_slices: Callable[[], Sequence[Any]] = tuple,
+        resource_claims: Callable[[], Sequence[Any]] = tuple,
+        pod_claims: Callable[[], Mapping[str, PodClaims]] = dict,
     ) -> None:
         self.backend = backend
         self.proc = proc
@@ -115,6 +119,10 @@ class Pipeline:
         self.clock = clock
         self.node_capacity = node_capacity
         self.pod_labels = pod_labels
+        # DRA: this node's ResourceSlices, the claims of its pods (raw objects), the pods' claim references
+        self.resource_slices = resource_slices
+        self.resource_claims = resource_claims
+        self.pod_claims = pod_claims
         self.samples_total = 0
         self.failures_total = 0
         self._skips: dict[str, int] = {}
@@ -127,7 +135,8 @@ class Pipeline:
         placement = self.proc.resolve(pids)
         state = self.pods()
         allocations = compute_allocations(state.view.pods.values(), sample.devices, self.node_labels(),
-                                          self.pod_resources(), self.node_capacity())
+                                          self.pod_resources(), self.node_capacity(), self.resource_slices(),
+                                          self.resource_claims(), self.pod_claims(), self.node_name)
         attr = attribute(sample, placement, state.view, allocations.allocations)
         for source in (allocations.skips, attr.skips, pod_label_skips(attr.pods, self.pod_labels)):
             for reason, n in source.items():

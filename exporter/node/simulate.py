@@ -20,7 +20,9 @@ import yaml
 from exporter.attribution.cgroup import parse_cgroup
 from exporter.model import (
     CgroupRef,
+    ClaimResource,
     DeviceSample,
+    DynamicResource,
     NodeSample,
     PodResources,
     PodResourcesContainer,
@@ -49,7 +51,8 @@ _MIG_KEYS = {"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memor
 _MIG_FROM_PARENT = ("power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
                     "ecc_corrected_total", "ecc_uncorrected_total", "clocks_event_reasons")
 _PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_util", "cgroup", "type"}
-_TOP_KEYS = {"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml", "description"}
+_TOP_KEYS = {"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml", "description",
+             "resource_slices", "resource_claims"}
 # not_supported names (shared with the fake NVML library) -> the DeviceSample fields they blank.
 NOT_SUPPORTED_FIELDS: dict[str, tuple[str, ...]] = {
     "power": ("power_usage_milliwatts",),
@@ -93,6 +96,9 @@ class Scenario:
     pods: tuple[Mapping[str, Any], ...]
     pod_resources: tuple[PodResources, ...] | None
     node_capacity: Mapping[str, str] = field(default_factory=dict)  # the Node's status.capacity
+    # DRA: resource.k8s.io/v1 objects exactly as the API returns them (untrusted: parsed by attribution)
+    resource_slices: tuple[Mapping[str, Any], ...] = ()
+    resource_claims: tuple[Mapping[str, Any], ...] = ()
 
 
 def _int(value: object, where: str, minimum: int = 0) -> int:
@@ -275,9 +281,25 @@ def _pod_resources(raw: object) -> tuple[PodResources, ...]:
                 devices.append((_str(name, f"{cw}.devices[{k}].resource_name"),
                                 tuple(_str(x, f"{cw}.devices[{k}].device_ids")
                                       for x in _list(ids, f"{cw}.devices[{k}].device_ids"))))
-            containers.append(PodResourcesContainer(_str(c.get("name"), f"{cw}.name"), tuple(devices)))
+            containers.append(PodResourcesContainer(_str(c.get("name"), f"{cw}.name"), tuple(devices),
+                                                    _dynamic_resources(c.get("dynamic_resources"), cw)))
         out.append(PodResources(_str(p.get("name"), f"{where}.name"),
                                 _str(p.get("namespace"), f"{where}.namespace"), tuple(containers)))
+    return tuple(out)
+
+
+def _dynamic_resources(raw: object, cw: str) -> tuple[DynamicResource, ...]:
+    """``dynamic_resources`` of a pod-resources container, with the proto's field names."""
+    out = []
+    for k, d in enumerate(_list(raw, f"{cw}.dynamic_resources")):
+        dw = f"{cw}.dynamic_resources[{k}]"
+        d = _mapping(d, dw)
+        rs = [_mapping(r, f"{dw}.claim_resources") for r in _list(d.get("claim_resources"), f"{dw}.claim_resources")]
+        fields = ("driver_name", "pool_name", "device_name", "share_id")
+        out.append(DynamicResource(_str(d.get("claim_name"), f"{dw}.claim_name"),
+                                   _str(d.get("claim_namespace"), f"{dw}.claim_namespace"),
+                                   tuple(ClaimResource(*(_str(r.get(f, ""), f"{dw}.{f}") for f in fields))
+                                         for r in rs)))
     return tuple(out)
 
 
@@ -299,6 +321,8 @@ def parse_scenario(data: object) -> Scenario:
         pods=pods,
         pod_resources=_pod_resources(top["pod_resources"]) if "pod_resources" in top else None,
         node_capacity={_str(k, "node_capacity"): _quantity_text(v, f"node_capacity.{k}") for k, v in capacity.items()},
+        resource_slices=tuple(_mapping(o, k) for k in ["resource_slices"] for o in _list(top.get(k), k)),
+        resource_claims=tuple(_mapping(o, k) for k in ["resource_claims"] for o in _list(top.get(k), k)),
     )
 
 

@@ -112,9 +112,15 @@ def build_daemon(cfg: Config) -> Daemon:
     holder = SnapshotHolder(empty_snapshot(0.0))
     late_starts: list[Callable[[], None]] = []
     xid_families = _xid(cfg, node, names, holder, api_client, closers, late_starts)
+    from exporter.node.dra_source import NO_DRA, static_dra
+    # DRA: the scenario's objects, or what _cluster_sources hung on its pods source (none with --no-pod-watch)
+    dra = (static_dra(scenario.resource_slices, scenario.resource_claims, scenario.pods) if cfg.simulate
+           else getattr(pods, "dra", NO_DRA))
     pipeline = Pipeline(backend, proc, pods, node, names, node_labels, pod_resources, xid_families,
                         cfg.per_process_metrics, node_capacity=node_capacity,
-                        pod_labels=parse_allowlist(cfg.pod_labels_allowlist))  # validated by load_config
+                        pod_labels=parse_allowlist(cfg.pod_labels_allowlist),  # validated by load_config
+                        resource_slices=dra.resource_slices, resource_claims=dra.resource_claims,
+                        pod_claims=dra.pod_claims)
     sampler = SamplerThread(pipeline, holder, cfg.interval)
     return Daemon(cfg, node, pipeline, holder, sampler, closers, late_starts)
 
@@ -137,13 +143,21 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
         where = f"--kubeconfig {cfg.kubeconfig}: " if cfg.kubeconfig else ""
         detail = " ".join(str(e).split()) or type(e).__name__
         raise ConfigError(f"{where}{detail} (or --no-pod-watch to run without pods)") from None
-    watcher = PodWatcher(node, api_client)
+    from exporter.node.dra_source import ClaimAwarePodStore, DraWatcher
+
+    store = ClaimAwarePodStore()  # keeps the pods' DRA claim references as well
+    watcher = PodWatcher(node, api_client, store=store)
     watcher.start()
     closers.append(watcher.stop)
+    dra_watcher = DraWatcher(node, api_client, store.pod_claims)
+    dra_watcher.start()
+    closers.append(dra_watcher.stop)
 
     def pods() -> PodState:
         s = watcher.stats()
         return PodState(watcher.view(), s.synced, s.last_sync_timestamp, s.sync_errors, s.skips)
+
+    pods.dra = dra_watcher.sources()  # type: ignore[attr-defined]  # read where the Pipeline is built
 
     node_object = NodeObject(node, api_client)
     node_object.start()

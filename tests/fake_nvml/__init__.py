@@ -55,7 +55,7 @@ _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "typ
 _NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock", "timestamps",
                         "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
 _TOP_KEYS = frozenset({"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml",
-                       "description"})
+                       "description", "resource_slices", "resource_claims"})
 
 
 class FakeNvmlError(RuntimeError):

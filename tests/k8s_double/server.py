@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from . import events_validation as ev_valid
+from .dra import DraState
 from .objects import now_rfc3339
 from .selectors import (
     CORE_EVENT_FIELDS,
@@ -205,6 +206,7 @@ class ApiServerDouble:
         self._offline = False
         self._requests: list[RecordedRequest] = []
         self._requests_lock = threading.Lock()
+        self._dra = DraState(ApiError)  # resource.k8s.io/v1 ResourceSlices and ResourceClaims
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -387,6 +389,18 @@ class ApiServerDouble:
         """Copies of every stored pod."""
         return self._call(lambda: copy.deepcopy(list(self._pods.values())))
 
+    def set_resource_slices(self, slices: list[Mapping[str, Any]]) -> None:
+        """Replace the ResourceSlices (resource.k8s.io/v1; watches see ADDED/MODIFIED/DELETED)."""
+        self._call(lambda: self._dra.set_slices(slices, self._bump()))
+
+    def serve_resource_versions(self, *versions: str) -> None:
+        """Which resource.k8s.io versions answer (default v1; ``"v1beta2"`` alone for a 1.33 server)."""
+        self._call(lambda: setattr(self._dra, "versions", set(versions)))
+
+    def set_resource_claims(self, claims: list[Mapping[str, Any]]) -> None:
+        """Replace the ResourceClaims (resource.k8s.io/v1, served by get and list)."""
+        self._call(lambda: self._dra.set_claims(claims, self._bump()))
+
     def set_nodes(self, nodes: list[Mapping[str, Any]]) -> None:
         """Replace the set of Nodes (served by GET /api/v1/nodes[/name])."""
 
@@ -547,6 +561,7 @@ class ApiServerDouble:
         r.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         r.add_get("/api/v1/nodes", self._list_nodes)
         r.add_get("/api/v1/nodes/{name}", self._get_node)
+        self._dra.add_routes(r)
         for api, prefix in ((ev_valid.EVENTS_V1, "/apis/events.k8s.io/v1"), (ev_valid.CORE_V1, "/api/v1")):
             coll, item = f"{prefix}/namespaces/{{ns}}/events", f"{prefix}/namespaces/{{ns}}/events/{{name}}"
             r.add_get(f"{prefix}/events", self._bind(self._list_events, api))

@@ -61,6 +61,9 @@ class NodeContext:
     pod_resources: Mapping[tuple[str, str, str], tuple[tuple[str, tuple[str, ...]], ...]]
     skip: Callable[[str], None]
     node_capacity: Mapping[str, str] = field(default_factory=dict)  # the Node's status.capacity
+    # DRA: each container's allocations, worked out for the whole node at once (a shared claim's
+    # grant is split among all its holders): (pod uid, container) -> allocations. See attribution/dra.py.
+    dra: Mapping[tuple[str, str], tuple[Allocation, ...]] = field(default_factory=dict)
     by_index: Mapping[int, str] = field(init=False)  # NVML index -> uuid
     by_minor: Mapping[int, str] = field(init=False)  # /dev/nvidia<minor> -> uuid of the whole GPU
     uuids: frozenset[str] = field(init=False)

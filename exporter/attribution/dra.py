@@ -1,0 +1,166 @@
+"""DRA: ResourceSlice devices -> NVML uuids, and claims -> the containers that hold each GPU. Pure.
+
+A DRA device is named ``(driver, pool, device)``: ``gpu.nvidia.com`` / ``<node>`` / ``gpu-<minor>``
+or a MIG name. Names are neither NVML indices nor uuids, and every node reuses them, so a device
+is identified through this node's ResourceSlice: its ``uuid`` attribute, else its PCI bus id or
+minor attribute (older drivers), else (a MIG device announced before it exists) its parent's uuid
+and profile when they single out one MIG device. Anything else is a counted skip.
+
+Which containers hold a device comes from the kubelet's ``dynamic_resources`` when it lists any
+for the container (authoritative), else from the Pod's claim references joined with the allocated
+ResourceClaim, which must be reserved for that pod (a pod cannot take a device by naming another
+pod's claim). ``adminAccess`` results (monitoring) hold nothing. A device held by several
+containers, of one pod or of several, is shared: its one grant (100 % and the device's memory) is
+split evenly among them, so every claim counts once however many containers name it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from exporter.attribution.dra_objects import ClaimInfo, ClaimResult, PodClaims, SliceDevice
+from exporter.attribution.schemes.base import Allocation
+from exporter.model import DeviceSample, DynamicResource, PodInfo, PodResources
+
+SCHEME_DRA = "dra"
+SCHEME_DRA_SHARED = "dra-shared"
+GPU_DRIVERS = frozenset({"gpu.nvidia.com"})  # devices of other drivers (compute domains, NICs) are no GPUs
+NOT_NVML = frozenset({"vfio"})  # passed through to a VM: NVML on the host does not list it
+
+Triplet = tuple[str, str, str]  # (driver, pool, device)
+ContainerKey = tuple[str, str]  # (pod uid, container)
+Skip = Callable[[str], None]
+_BUS = re.compile(r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
+
+
+def _bus(value: str) -> str:
+    """``00000000:3B:00.0`` (NVML) and ``0000:3b:00.0`` (the slice) -> one comparable form."""
+    m = _BUS.fullmatch(value.strip())
+    return f"{int(m.group(1) or '0', 16):x}:{m.group(2)}:{m.group(3)}.{m.group(4)}".lower() if m else ""
+
+
+def device_uuids(slices: Iterable[SliceDevice], devices: Sequence[DeviceSample], skip: Skip) -> dict[Triplet, str]:
+    """Each slice device of this node that NVML lists, by (driver, pool, device) -> uuid."""
+    uuids = {d.uuid for d in devices}
+    whole = [d for d in devices if d.parent_uuid is None]
+    by_bus = {_bus(d.pci_bus_id): d.uuid for d in whole if _bus(d.pci_bus_id)}
+    by_minor = {d.minor_number: d.uuid for d in whole if d.minor_number is not None}
+    out: dict[Triplet, str] = {}
+    for s in slices:
+        if s.kind in NOT_NVML:
+            continue
+        if s.uuid:
+            uuid = s.uuid if s.uuid in uuids else None
+            reason = "dra_device_not_in_nvml"
+        elif s.parent_uuid:
+            migs = [d.uuid for d in devices if d.parent_uuid == s.parent_uuid and d.mig_profile == s.profile]
+            uuid, reason = (migs[0] if len(migs) == 1 else None), "dra_mig_device_ambiguous"
+        else:
+            uuid = by_bus.get(_bus(s.pci_bus_id)) if s.pci_bus_id else by_minor.get(s.minor)
+            known = bool(s.pci_bus_id) or s.minor is not None
+            reason = "dra_device_not_in_nvml" if known else "dra_device_attributes_unknown"
+        if uuid is not None:
+            out[(s.driver, s.pool, s.name)] = uuid
+        elif s.driver in GPU_DRIVERS:
+            skip(reason)
+    return out
+
+
+def index_dynamic_resources(pod_resources: Iterable[PodResources]) -> dict[tuple[str, str, str],
+                                                                           tuple[DynamicResource, ...]]:
+    """The kubelet's DRA entries by (namespace, pod, container); containers without any are left out."""
+    return {(p.namespace, p.name, c.name): c.dynamic_resources
+            for p in pod_resources for c in p.containers if c.dynamic_resources}
+
+
+def _for_request(result: ClaimResult, requests: set[str]) -> bool:
+    """Whether a result serves one of the container's requests (none named: all of the claim's)."""
+    return not requests or "" in requests or any(
+        result.request == r or result.request.startswith(r + "/") for r in requests)
+
+
+def _requests(pc: PodClaims | None, container: str, claim_name: str) -> set[str]:
+    """The requests a container names of one claim ({} when the pod is not known)."""
+    if pc is None:
+        return set()
+    return {req for local, req in pc.containers.get(container, ()) if pc.claims.get(local) == claim_name}
+
+
+class _Holdings:
+    """Who holds which GPU through which claim, gathered container by container."""
+
+    def __init__(self, mapping: Mapping[Triplet, str], claims: Mapping[tuple[str, str], ClaimInfo],
+                 skip: Skip) -> None:
+        self.mapping, self.claims, self.skip = mapping, claims, skip
+        self.held: dict[ContainerKey, list[str]] = {}
+        self.holders: dict[str, list[ContainerKey]] = {}
+        self.reserved: dict[str, int] = {}  # uuid -> the most pods one of its claims is reserved for
+
+    def add(self, key: ContainerKey, claim: ClaimInfo | None, triplet: Triplet) -> None:
+        uuid = self.mapping.get(triplet)
+        if uuid is None:
+            if triplet[0] in GPU_DRIVERS:
+                self.skip("dra_device_unmapped")
+            return
+        if uuid in self.held.setdefault(key, []):
+            return  # one device, listed twice for one container (the kubelet's, or two requests)
+        self.held[key].append(uuid)
+        self.holders.setdefault(uuid, []).append(key)
+        if claim is not None:
+            self.reserved[uuid] = max(self.reserved.get(uuid, 0), len(claim.reserved_for))
+
+    def from_kubelet(self, key: ContainerKey, entries: Sequence[DynamicResource], pc: PodClaims | None) -> None:
+        for dr in entries:
+            claim = self.claims.get((dr.claim_namespace, dr.claim_name))
+            results = {(r.driver, r.pool, r.device): r for r in claim.results} if claim else {}
+            requests = _requests(pc, key[1], dr.claim_name)
+            for cr in dr.claim_resources:
+                triplet = (cr.driver_name, cr.pool_name, cr.device_name)
+                result = results.get(triplet)
+                if result is not None and (result.admin_access or not _for_request(result, requests)):
+                    continue  # monitoring access, or another container's request of the same claim
+                self.add(key, claim, triplet)
+
+    def from_claims(self, pod: PodInfo, key: ContainerKey, pc: PodClaims) -> None:
+        for local, request in pc.containers.get(key[1], ()):
+            claim = self.claims.get((pod.namespace, pc.claims.get(local, "")))
+            if claim is None:
+                continue  # no claim yet, not allocated, or not readable: nothing is held
+            if pod.uid not in claim.reserved_for:
+                self.skip("dra_claim_not_reserved")  # a pod naming a claim that is not its own
+                continue
+            for r in claim.results:
+                if not r.admin_access and _for_request(r, {request}):
+                    self.add(key, claim, (r.driver, r.pool, r.device))
+
+    def allocations(self) -> dict[ContainerKey, tuple[Allocation, ...]]:
+        out: dict[ContainerKey, list[Allocation]] = {}
+        for uuid, keys in self.holders.items():
+            n = len(keys)
+            whole = n == 1 and self.reserved.get(uuid, 1) <= 1
+            scheme = SCHEME_DRA if whole else SCHEME_DRA_SHARED
+            for pod_uid, container in keys:
+                out.setdefault((pod_uid, container), []).append(Allocation(
+                    pod_uid, container, scheme, whole, uuid, 100.0 / n, None, None if whole else 1.0 / n))
+        return {k: tuple(v) for k, v in out.items()}
+
+
+def dra_allocations(pods: Iterable[PodInfo], mapping: Mapping[Triplet, str],
+                    dynamic: Mapping[tuple[str, str, str], Sequence[DynamicResource]],
+                    claims: Mapping[tuple[str, str], ClaimInfo], pod_claims: Mapping[str, PodClaims],
+                    skip: Skip) -> dict[ContainerKey, tuple[Allocation, ...]]:
+    """Every container's DRA allocations on this node (see the module docstring)."""
+    h = _Holdings(mapping, claims, skip)
+    for pod in pods:
+        if pod.phase in ("Succeeded", "Failed"):
+            continue
+        pc = pod_claims.get(pod.uid)
+        for c in (*pod.containers, *(ic for ic in pod.init_containers if ic.sidecar)):
+            key = (pod.uid, c.name)
+            entries = dynamic.get((pod.namespace, pod.name, c.name))
+            if entries:
+                h.from_kubelet(key, entries, pc)
+            elif pc is not None and pc.namespace == pod.namespace:
+                h.from_claims(pod, key, pc)  # before 1.34 the kubelet lists no DRA entries by default
+    return h.allocations()

@@ -1,0 +1,220 @@
+"""DRA API objects -> bounded records: ResourceSlices, ResourceClaims, a Pod's claim references. Pure.
+
+ResourceSlices are written by the driver, ResourceClaims and Pods by users, controllers and the
+scheduler: all of it is untrusted. Each parser keeps what is well formed, bounds every list and
+string, and counts what it dropped through ``skip(reason)``; none raises on bad input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.model import EMPTY
+
+MAX_NAME = 253  # the longest object name (DNS subdomain); device and pool names are shorter
+MAX_DEVICES = 128  # per slice: resource.k8s.io/v1 ResourceSliceMaxDevices
+MAX_RESULTS = 32  # per claim: v1 AllocationResultsMaxSize
+MAX_RESERVED = 256  # per claim: v1 ResourceClaimReservedForMaxSize
+MAX_POD_CLAIMS = 32  # per pod, and claim references per container (the API's limits are lower)
+MAX_ATTRIBUTES = 32  # per device: v1 ResourceSliceMaxAttributesAndCapacitiesPerDevice
+
+Skip = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """One device a ResourceSlice of this node announces, with what may identify it in NVML."""
+
+    driver: str
+    pool: str
+    name: str
+    generation: int
+    kind: str = ""  # the ``type`` attribute: gpu | mig | vfio | ...
+    uuid: str = ""
+    parent_uuid: str = ""
+    profile: str = ""
+    minor: int | None = None
+    pci_bus_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """One ``status.allocation.devices.results[]`` entry."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimInfo:
+    """An allocated ResourceClaim: its devices and the pods (uids) it is reserved for."""
+
+    namespace: str
+    name: str
+    results: tuple[ClaimResult, ...]
+    reserved_for: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class PodClaims:
+    """A Pod's DRA references: pod claim name -> ResourceClaim name, and what each container names."""
+
+    uid: str
+    namespace: str
+    claims: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # "" while a template's claim is unnamed
+    containers: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=lambda: EMPTY)  # (claim, request)
+
+
+def _name(value: Any) -> str | None:
+    return value if isinstance(value, str) and 0 < len(value) <= MAX_NAME else None
+
+
+def _obj(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else EMPTY
+
+
+def _list(value: Any, limit: int, skip: Skip, reason: str) -> list[Any]:
+    """A list of at most ``limit`` entries; a non-list is empty, a longer one is cut (both counted)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        skip(reason)
+        return []
+    if len(value) > limit:
+        skip(reason)
+    return value[:limit]
+
+
+def _attributes(driver: str, raw: Any) -> dict[str, object]:
+    """Attribute values by name, the driver's own domain stripped (``gpu.nvidia.com/uuid`` == ``uuid``)."""
+    out: dict[str, object] = {}
+    for key, value in list(_obj(raw).items())[:MAX_ATTRIBUTES]:
+        if not isinstance(key, str) or not isinstance(value, Mapping):
+            continue
+        typed = next((value[t] for t in ("string", "int", "version", "bool") if t in value), None)
+        out[key.removeprefix(driver + "/")] = typed
+    return out
+
+
+def _string_attr(attrs: Mapping[str, object], *names: str) -> str:
+    for n in names:
+        v = attrs.get(n)
+        if isinstance(v, str) and 0 < len(v) <= MAX_NAME:
+            return v
+    return ""
+
+
+def _device(driver: str, pool: str, generation: int, raw: Any) -> SliceDevice | None:
+    raw = _obj(raw)
+    name = _name(raw.get("name"))
+    if name is None:
+        return None
+    # v1beta1 wraps a device's attributes in ``basic``; v1beta2 and v1 have them flat.
+    attrs = _attributes(driver, (_obj(raw.get("basic")) or raw).get("attributes"))
+    minor = attrs.get("minor")
+    return SliceDevice(
+        driver, pool, name, generation, kind=_string_attr(attrs, "type"), uuid=_string_attr(attrs, "uuid"),
+        parent_uuid=_string_attr(attrs, "parentUUID"), profile=_string_attr(attrs, "profile"),
+        minor=minor if isinstance(minor, int) and not isinstance(minor, bool) and 0 <= minor < 1 << 20 else None,
+        # the standard attribute (driver v25.12+), else the driver's own older one
+        pci_bus_id=_string_attr(attrs, "resource.kubernetes.io/pciBusID", "pcieBusID"),
+    )
+
+
+def parse_slices(objs: Iterable[Any], node: str, skip: Skip) -> list[SliceDevice]:
+    """The devices of this node's slices, newest pool generation only (other nodes reuse the names)."""
+    devices: list[SliceDevice] = []
+    for obj in objs:
+        spec = _obj(_obj(obj).get("spec"))
+        driver, pool = _name(spec.get("driver")), _obj(spec.get("pool"))
+        pool_name, generation = _name(pool.get("name")), pool.get("generation", 0)
+        if node and spec.get("nodeName") != node:
+            continue  # another node's slice (or a network-attached pool): not this node's devices
+        if driver is None or pool_name is None or not isinstance(generation, int) or isinstance(generation, bool):
+            skip("dra_slice_malformed")
+            continue
+        for raw in _list(spec.get("devices"), MAX_DEVICES, skip, "dra_slice_malformed"):
+            d = _device(driver, pool_name, generation, raw)
+            if d is None:
+                skip("dra_slice_malformed")
+            else:
+                devices.append(d)
+    newest: dict[tuple[str, str], int] = {}
+    for d in devices:
+        newest[(d.driver, d.pool)] = max(newest.get((d.driver, d.pool), d.generation), d.generation)
+    return [d for d in devices if d.generation == newest[(d.driver, d.pool)]]
+
+
+def _result(raw: Any) -> ClaimResult | None:
+    raw = _obj(raw)
+    request, driver, pool, device = (_name(raw.get(k)) for k in ("request", "driver", "pool", "device"))
+    if request is None or driver is None or pool is None or device is None:
+        return None
+    return ClaimResult(request, driver, pool, device, raw.get("adminAccess") is True)
+
+
+def parse_claims(objs: Iterable[Any], skip: Skip) -> dict[tuple[str, str], ClaimInfo]:
+    """Allocated ResourceClaims by (namespace, name); unallocated ones are left out silently."""
+    out: dict[tuple[str, str], ClaimInfo] = {}
+    for obj in objs:
+        meta, status = _obj(_obj(obj).get("metadata")), _obj(_obj(obj).get("status"))
+        ns, name = _name(meta.get("namespace")), _name(meta.get("name"))
+        allocation = status.get("allocation")
+        if ns is None or name is None:
+            skip("dra_claim_malformed")
+            continue
+        if allocation is None:
+            continue  # not allocated yet: holds nothing
+        results = []
+        for raw in _list(_obj(_obj(allocation).get("devices")).get("results"), MAX_RESULTS, skip,
+                         "dra_claim_malformed"):
+            r = _result(raw)
+            if r is None:
+                skip("dra_claim_malformed")
+            else:
+                results.append(r)
+        pods = set()
+        for ref in _list(status.get("reservedFor"), MAX_RESERVED, skip, "dra_claim_malformed"):
+            ref = _obj(ref)
+            uid = _name(ref.get("uid"))
+            if ref.get("resource") == "pods" and not ref.get("apiGroup") and uid is not None:
+                pods.add(uid.lower())
+        out[(ns, name)] = ClaimInfo(ns, name, tuple(results), frozenset(pods))
+    return out
+
+
+def parse_pod_claims(obj: Any, skip: Skip) -> PodClaims | None:
+    """A Pod's claim references; None for a pod without identity or without any claim."""
+    meta, spec, status = (_obj(_obj(obj).get(k)) for k in ("metadata", "spec", "status"))
+    uid, ns = _name(meta.get("uid")), _name(meta.get("namespace"))
+    if uid is None or ns is None or not spec.get("resourceClaims"):
+        return None
+    generated = {}  # claims from a template are named in the status only
+    for st in _list(status.get("resourceClaimStatuses"), MAX_POD_CLAIMS, skip, "dra_pod_claims_malformed"):
+        st = _obj(st)
+        if _name(st.get("name")) is not None:
+            generated[st["name"]] = _name(st.get("resourceClaimName")) or ""
+    claims: dict[str, str] = {}
+    for ref in _list(spec.get("resourceClaims"), MAX_POD_CLAIMS, skip, "dra_pod_claims_malformed"):
+        ref = _obj(ref)
+        local = _name(ref.get("name"))
+        if local is None:
+            skip("dra_pod_claims_malformed")
+            continue
+        direct = _name(ref.get("resourceClaimName"))
+        claims[local] = direct if direct is not None else generated.get(local, "")
+    containers: dict[str, tuple[tuple[str, str], ...]] = {}
+    for c in [*_list(spec.get("containers"), 1024, skip, "dra_pod_claims_malformed"),
+              *_list(spec.get("initContainers"), 1024, skip, "dra_pod_claims_malformed")]:
+        c = _obj(c)
+        refs = _list(_obj(c.get("resources")).get("claims"), MAX_POD_CLAIMS, skip, "dra_pod_claims_malformed")
+        named = tuple((r["name"], _name(r.get("request")) or "") for r in map(_obj, refs)
+                      if _name(r.get("name")) is not None)
+        if _name(c.get("name")) is not None and named:
+            containers[c["name"]] = named
+    return PodClaims(uid.lower(), ns, claims, containers)

@@ -1,0 +1,214 @@
+"""DRA sources: this node's ResourceSlices, the ResourceClaims of its pods, and the pods' claim references.
+
+The objects are kept raw (as the API returns them) and parsed by attribution every cycle, which
+counts what is malformed. Slices are listed and watched with ``spec.nodeName=<node>`` (every node
+reuses the same device names); a claim is read by name, for the claims this node's pods reference,
+so the exporter needs ``get`` on resourceclaims and ``list``/``watch`` on resourceslices, nothing
+cluster-wide beyond that. The last good answer is kept while the API is down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.attribution.dra_objects import PodClaims, parse_pod_claims
+from exporter.node.pod_store import PodStore
+from exporter.node.pod_watcher import _events
+
+_DNS = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # object names and namespaces, as the API validates
+
+log = logging.getLogger(__name__)
+_VERSIONS = ("ResourceV1Api", "ResourceV1beta2Api", "ResourceV1beta1Api")  # newest first
+
+
+@dataclass(frozen=True, slots=True)
+class DraSources:
+    """What the pipeline reads each cycle (all empty: no DRA on this node, or nothing to read it from)."""
+
+    resource_slices: Callable[[], Sequence[Any]] = tuple
+    resource_claims: Callable[[], Sequence[Any]] = tuple
+    pod_claims: Callable[[], Mapping[str, PodClaims]] = field(default=dict)
+
+
+NO_DRA = DraSources()
+
+
+class ClaimAwarePodStore(PodStore):
+    """A :class:`PodStore` that also keeps each pod's DRA claim references (the pod parser drops them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._claims: Mapping[str, PodClaims] = {}
+
+    def replace(self, objs: Iterable[Any], resource_version: str) -> None:
+        objs = list(objs)
+        super().replace(objs, resource_version)
+        skips: Counter[str] = Counter()
+        parsed = (parse_pod_claims(o, lambda r: skips.update((r,))) for o in objs)
+        claims = {pc.uid: pc for pc in parsed if pc is not None}
+        with self._lock:
+            self._claims = claims
+            self._skips.update(skips)
+
+    def apply(self, event_type: str, obj: Any) -> None:
+        super().apply(event_type, obj)
+        skips: Counter[str] = Counter()
+        pc = parse_pod_claims(obj, lambda r: skips.update((r,))) if event_type in ("ADDED", "MODIFIED") else None
+        uid = _uid(obj)
+        with self._lock:
+            self._skips.update(skips)
+            if uid is None or event_type not in ("ADDED", "MODIFIED", "DELETED"):
+                return
+            claims = dict(self._claims)  # copy on write: a reader keeps the mapping it got
+            claims.pop(uid, None)
+            if pc is not None:
+                claims[uid] = pc
+            self._claims = claims
+
+    def pod_claims(self) -> Mapping[str, PodClaims]:
+        return self._claims
+
+
+def _uid(obj: Any) -> str | None:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid.lower() if isinstance(uid, str) and uid else None
+
+
+def static_dra(slices: Sequence[Any], claims: Sequence[Any], pods: Sequence[Any]) -> DraSources:
+    """A simulated node's DRA objects, fixed for its lifetime."""
+    store = ClaimAwarePodStore()
+    store.replace(pods, "1")
+    pod_claims = store.pod_claims()
+    slices, claims = tuple(slices), tuple(claims)
+    return DraSources(lambda: slices, lambda: claims, lambda: pod_claims)
+
+
+class DraWatcher:
+    """Lists and watches this node's ResourceSlices; re-reads the claims its pods name every ``refresh`` s."""
+
+    def __init__(self, node: str, api_client: Any, pod_claims: Callable[[], Mapping[str, PodClaims]], *,
+                 refresh: float = 15.0, watch_timeout_seconds: int = 300, request_timeout: float = 30.0) -> None:
+        self._node, self._api, self._pod_claims = node, api_client, pod_claims
+        self._refresh, self._watch_timeout, self._timeout = refresh, watch_timeout_seconds, request_timeout
+        self._slices: dict[str, Any] = {}
+        self._claims: dict[tuple[str, str], Any] = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._response: Any = None  # the slice watch in flight, shut down by stop()
+        self._version = 0  # index in _VERSIONS, moved on by the slice lister when the server lacks one
+
+    def sources(self) -> DraSources:
+        return DraSources(lambda: tuple(self._slices.values()), lambda: tuple(self._claims.values()),
+                          self._pod_claims)
+
+    def start(self) -> None:
+        for target, name in ((self._watch_slices, "dra-slices"), (self._read_claims, "dra-claims")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        resp = self._response
+        if resp is not None:
+            with contextlib.suppress(Exception):  # already closed: nothing to interrupt
+                resp.shutdown()  # unblocks the watch read, unlike close()
+        for t in self._threads:
+            t.join(timeout)
+
+    def _client(self) -> Any:
+        """The resource.k8s.io API of the version the server serves (v1 from 1.34; 1.33 has v1beta2)."""
+        from kubernetes import client
+
+        return getattr(client, _VERSIONS[self._version])(self._api)
+
+    def _watch_slices(self) -> None:
+        selector = f"spec.nodeName={self._node}"
+        while not self._stop.is_set():
+            api = self._client()
+            try:
+                try:
+                    resp = api.list_resource_slice(field_selector=selector, _preload_content=False,
+                                                   _request_timeout=self._timeout)
+                except Exception as e:
+                    if getattr(e, "status", None) == 404 and self._version + 1 < len(_VERSIONS):
+                        self._version += 1  # an older server: its beta API has the same fields
+                        continue
+                    raise
+                try:
+                    body = json.loads(resp.data)
+                finally:
+                    resp.release_conn()
+                self._slices = {_key(o): o for o in body.get("items") or [] if isinstance(o, Mapping)}
+                resp = api.list_resource_slice(
+                    field_selector=selector, watch=True, allow_watch_bookmarks=True,
+                    resource_version=body.get("metadata", {}).get("resourceVersion", ""),
+                    timeout_seconds=self._watch_timeout, _preload_content=False,
+                    _request_timeout=(self._timeout, self._watch_timeout + self._timeout))
+                self._response = resp
+                try:
+                    for event in _events(resp):
+                        if self._stop.is_set() or not self._apply(event):
+                            break
+                finally:
+                    self._response = None
+                    resp.release_conn()
+            except Exception as e:  # keep the last answer: the API may be down, or serve no resource.k8s.io/v1
+                log.warning("cannot list/watch the ResourceSlices of %s: %s", self._node, e)
+                self._stop.wait(30.0)
+
+    def _apply(self, event: Any) -> bool:
+        """One watch event; False when the watch must be restarted (an ERROR event, e.g. 410 Gone)."""
+        etype, obj = event.get("type"), event.get("object")
+        if etype == "ERROR" or not isinstance(obj, Mapping):
+            return False
+        slices = dict(self._slices)
+        if etype == "DELETED":
+            slices.pop(_key(obj), None)
+        elif etype in ("ADDED", "MODIFIED"):
+            slices[_key(obj)] = obj
+        self._slices = slices
+        return True
+
+    def _read_claims(self) -> None:
+        last: set[tuple[str, str]] = set()
+        due = 0.0
+        while not self._stop.is_set():
+            wanted = {(pc.namespace, name) for pc in self._pod_claims().values() for name in pc.claims.values()
+                      if _DNS.fullmatch(name) and _DNS.fullmatch(pc.namespace)}
+            # Re-read every ``refresh`` seconds, and at once when the pods name other claims (a new pod).
+            if wanted != last or time.monotonic() >= due:
+                api = self._client()
+                self._claims = {key: obj for key in sorted(wanted) if (obj := self._read(api, *key)) is not None}
+                last, due = wanted, time.monotonic() + self._refresh
+            self._stop.wait(1.0)
+
+    def _read(self, api: Any, ns: str, name: str) -> Any:
+        """One claim as the API returns it; the last good answer on an error, None once it is gone."""
+        try:
+            resp = api.read_namespaced_resource_claim(name, ns, _preload_content=False, _request_timeout=self._timeout)
+            try:
+                return json.loads(resp.data)
+            finally:
+                resp.release_conn()
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None  # not created yet, or deleted with its pod
+            log.warning("cannot read ResourceClaim %s/%s: %s", ns, name, e)
+            return self._claims.get((ns, name))
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) else repr(id(obj))

@@ -1,0 +1,74 @@
+"""The DRA sources (exporter/node/dra_source.py) against the Kubernetes API double's resource.k8s.io/v1."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from exporter.node.dra_source import ClaimAwarePodStore, DraWatcher, static_dra
+from tests.integration_support import poll
+from tests.k8s_double import ApiServerDouble, api_client_for
+from tests.test_dra_shapes import claim, gpu_device, pod, resource_slice
+
+NODE = "gpu-node-1"
+UID = "d7a00000-0000-4000-8000-000000000001"
+
+
+def test_double_serves_slices_and_claims_as_the_api_does():
+    with ApiServerDouble() as api:
+        api.set_resource_slices([resource_slice(NODE, [gpu_device(0, "GPU-a")]),
+                                 resource_slice("other", [gpu_device(0, "GPU-b")], suffix="o")])
+        api.set_resource_claims([claim("ml", "c1", [("gpu", NODE, "gpu-0")], [("p", UID)])])
+        v1 = client.ResourceV1Api(api_client_for(api))
+        got = v1.list_resource_slice(field_selector=f"spec.nodeName={NODE}")
+        assert [s.spec.node_name for s in got.items] == [NODE]
+        assert v1.read_namespaced_resource_claim("c1", "ml").status.reserved_for[0].uid == UID
+        assert [c.metadata.name for c in v1.list_resource_claim_for_all_namespaces().items] == ["c1"]
+        with pytest.raises(client.ApiException) as missing:
+            v1.read_namespaced_resource_claim("nope", "ml")
+        assert missing.value.status == 404
+        with pytest.raises(client.ApiException) as bad:
+            v1.list_resource_slice(field_selector="spec.devices=x")
+        assert bad.value.status == 400
+
+
+@pytest.mark.parametrize("versions", [("v1",), ("v1beta2",)], ids=["1.34+", "1.33"])
+def test_watcher_follows_slices_and_reads_the_claims_pods_name(versions):
+    with ApiServerDouble() as api:
+        api.serve_resource_versions(*versions)
+        api.set_resource_slices([resource_slice(NODE, [gpu_device(0, "GPU-a")])])
+        api.set_resource_claims([claim("ml", "c1", [("gpu", NODE, "gpu-0")], [("p", UID)])])
+        store = ClaimAwarePodStore()
+        store.replace([pod("ml", "p", UID, NODE, {"c": [("gpu", "")]}, {"gpu": ("claim", "c1")})], "1")
+        w = DraWatcher(NODE, api_client_for(api), store.pod_claims, refresh=0.5, watch_timeout_seconds=5)
+        w.start()
+        try:
+            src = w.sources()
+            poll(lambda: src.resource_claims() or None, 10, "the claim read")
+            poll(lambda: src.resource_slices() or None, 10, "the slice list")
+            path = f"/apis/resource.k8s.io/{versions[0]}/resourceslices"
+            poll(lambda: [r for r in api.requests_to("GET", path) if r.query.get("watch")] or None, 10,
+                 "the slice watch")
+            api.set_resource_slices([resource_slice(NODE, [gpu_device(0, "GPU-z")])])
+            poll(lambda: [s for s in src.resource_slices()
+                          if s["spec"]["devices"][0]["attributes"]["uuid"]["string"] == "GPU-z"] or None,
+                 10, "the watched update")
+            store.apply("DELETED", {"metadata": {"uid": UID, "name": "p", "namespace": "ml"}})
+            poll(lambda: not src.resource_claims() or None, 10, "the claim dropped with its pod")
+            assert {r.path.split("/")[3] for r in api.requests if r.status == 200} == set(versions)
+        finally:
+            w.stop()
+
+
+def test_pod_claims_follow_watch_events_and_static_sources():
+    store = ClaimAwarePodStore()
+    p = pod("ml", "p", UID, NODE, {"c": [("gpu", "r1")]}, {"gpu": ("template", "p-gpu-abc")})
+    store.apply("ADDED", p)
+    pc = store.pod_claims()[UID]
+    assert pc.claims == {"gpu": "p-gpu-abc"} and pc.containers == {"c": (("gpu", "r1"),)}
+    bad = pod("ml", "q", "d7a00000-0000-4000-8000-000000000002", NODE, {"c": []}, {})
+    bad["spec"]["resourceClaims"] = [{"name": 7}]
+    store.apply("ADDED", bad)
+    assert store.skips()["dra_pod_claims_malformed"] == 1
+    src = static_dra([{"a": 1}], [], [p])
+    assert src.resource_slices() == ({"a": 1},) and UID in src.pod_claims()
