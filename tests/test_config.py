@@ -49,6 +49,10 @@ def test_environment_equivalents_and_flag_precedence():
     (["--pod-label", "__x"], {}, "reserved for Prometheus"),
     (["--bogus"], {}, "unrecognized arguments: --bogus"),
     (["--log-level", "loud"], {}, "--log-level"),
+    (["--log-format", "xml"], {}, "--log-format must be text or json, got 'xml'"),
+    ([], {"KUBE_GPU_EXPORTER_LOG_FORMAT": "JSON"}, "KUBE_GPU_EXPORTER_LOG_FORMAT must be text or json"),
+    ([], {"KUBE_GPU_EXPORTER_LOG_LEVEL": "loud"}, "KUBE_GPU_EXPORTER_LOG_LEVEL must be"),
+    (["--ready-without-nvml=yes"], {}, "--ready-without-nvml"),
     (["--pod-labels-allowlist", "team,("], {}, "--pod-labels-allowlist: '\\(' is not a regular expression"),
     ([], {"KUBE_GPU_EXPORTER_POD_LABELS_ALLOWLIST": "(a+)+"}, r"KUBE_GPU_EXPORTER_POD_LABELS_ALLOWLIST: '\(a\+\)\+'"),
     (["--pod-labels-allowlist", "a{1,2}"], {}, "unbalanced braces"),
@@ -57,6 +61,16 @@ def test_environment_equivalents_and_flag_precedence():
 def test_bad_values_are_rejected_with_the_flag_named(argv, env, message):
     with pytest.raises(ConfigError, match=message):
         load_config(argv, environ=env)
+
+
+def test_log_format_and_ready_without_nvml():
+    cfg = load_config([], environ={})
+    assert (cfg.log_format, cfg.ready_without_nvml) == ("text", False)
+    env = {"KUBE_GPU_EXPORTER_LOG_FORMAT": "json", "KUBE_GPU_EXPORTER_READY_WITHOUT_NVML": "1"}
+    cfg = load_config([], environ=env)
+    assert (cfg.log_format, cfg.ready_without_nvml) == ("json", True)
+    cfg = load_config(["--log-format", "text", "--no-ready-without-nvml"], environ=env)
+    assert (cfg.log_format, cfg.ready_without_nvml) == ("text", False)
 
 
 def test_every_number_has_a_range_and_every_default_is_valid():

@@ -347,7 +347,7 @@ def test_every_config_key_maps_to_its_exporter_variable():
     for key, prop in schema["properties"]["config"]["properties"].items():
         types = prop.get("type") or ["string"]
         kind = next(t for t in (types if isinstance(types, list) else [types]) if t != "null")
-        config[key] = "info" if key == "logLevel" else samples[kind]
+        config[key] = {"logLevel": "info", "logFormat": "json"}.get(key, samples[kind])
     env = env_of(render({"config": config, "prometheusRule": {"enabled": False}}))
     by_dest = {o.dest: o for o in OPTIONS}
     for key, value in config.items():

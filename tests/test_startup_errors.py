@@ -7,6 +7,7 @@ bind, scenario files that are not UTF-8 text, and argparse's own errors.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import re
 import socket
@@ -238,6 +239,38 @@ def test_listen_is_checked_before_anything_starts(busy_port: int, capsys: pytest
     monkeypatch.setattr(cli, "build_daemon", no_daemon)
     rc, err = run_main(capsys, "--simulate", EXAMPLE, "--listen", f"127.0.0.1:{busy_port}")
     assert_one_line_error(rc, err, "already in use")
+
+
+def test_serving_is_printed_only_once_the_server_listens(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port is taken between the pre-flight check and the server's bind: one error line, no "serving"."""
+    from exporter.shell.server import HttpServer
+
+    async def taken(self: HttpServer) -> None:
+        raise OSError(errno.EADDRINUSE, "Address already in use")
+
+    monkeypatch.setattr(HttpServer, "start", taken)
+    port = free_port()
+    rc = cli.main(["--simulate", EXAMPLE, "--no-xid", "--listen", f"127.0.0.1:{port}"])
+    out, err = capsys.readouterr()
+    assert "serving" not in out, out
+    assert_one_line_error(rc, err, f"127.0.0.1:{port}", "already in use")
+
+
+def test_serving_line_names_the_bound_port() -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", EXAMPLE, "--no-xid", "--listen",
+                             f"127.0.0.1:{port}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until printed: after the bind
+        assert line.endswith(f"serving http://127.0.0.1:{port}/metrics\n"), line
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # it listens by the time it says so
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_the_probe_leaves_the_port_free() -> None:

@@ -126,11 +126,13 @@ class Pipeline:
         self.samples_total = 0
         self.failures_total = 0
         self._skips: dict[str, int] = {}
+        self.last_sample: NodeSample | None = None  # the last cycle's, for readiness and the start-up summary
 
     def step(self) -> tuple[Snapshot, NodeAttribution]:
         """Run one cycle; raises only on programming errors (the thread counts those)."""
         started = time.monotonic()
         sample = self.backend.sample()
+        self.last_sample = sample
         pids = {p.pid for d in sample.devices for p in d.processes}
         placement = self.proc.resolve(pids)
         state = self.pods()
@@ -169,11 +171,14 @@ class Pipeline:
 class SamplerThread(threading.Thread):
     """Runs the pipeline every ``interval`` seconds; nothing in a cycle can kill it."""
 
-    def __init__(self, pipeline: Pipeline, holder: SnapshotHolder, interval: float) -> None:
+    def __init__(self, pipeline: Pipeline, holder: SnapshotHolder, interval: float,
+                 on_cycle: Callable[[], None] | None = None) -> None:
+        """``on_cycle`` runs after each cycle (readiness and state logging); its failures are logged."""
         super().__init__(name="gpu-sampler", daemon=True)
         self.pipeline = pipeline
         self.holder = holder
         self.interval = interval
+        self.on_cycle = on_cycle
         # not ``_stop``: threading.Thread has a method of that name, which join() and is_alive() call
         self._stopping = threading.Event()
 
@@ -194,6 +199,11 @@ class SamplerThread(threading.Thread):
             log.exception("cannot update the served snapshot's failure count")
         finally:
             self.holder.beat()  # failed or not, the sampler is alive
+        if self.on_cycle is not None:
+            try:
+                self.on_cycle()
+            except Exception:
+                log.exception("cannot report the cycle's state")
 
     def run(self) -> None:
         while not self._stopping.is_set():

@@ -1,12 +1,13 @@
 """Command line: wires the configured sources into the pipeline and serves it.
 
-``kube-gpu-exporter [flags]`` runs the exporter; ``kube-gpu-exporter rules|alerts|dashboards ...``
-render the generated Prometheus rules, alerts and Grafana dashboards;
+``kube-gpu-exporter [flags]`` runs the exporter; the subcommands (config.SUBCOMMANDS) ``rules``,
+``alerts`` and ``dashboards`` render the generated Prometheus rules, alerts and Grafana dashboards;
 ``kube-gpu-exporter render [flags]`` prints one exposition and exits.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -20,7 +21,11 @@ from exporter.exposition.rows import LabelNames
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
 from exporter.node.simulate import ScenarioError, ScenarioProc, SimulatedBackend, load_scenario
-from exporter.shell.config import Config, ConfigError, check_listen, load_config
+from exporter.shell.config import SUBCOMMANDS, Config, ConfigError, bind_error, check_listen, load_config
+from exporter.shell.logging_setup import configure_logging
+from exporter.shell.sources import PodResourcesSource, XidSource
+from exporter.shell.status import CycleMonitor
+from exporter.shell.summary import startup_summary
 
 log = logging.getLogger("kube_gpu_exporter")
 
@@ -37,6 +42,7 @@ class Daemon:
     closers: list[Callable[[], None]] = field(default_factory=list)
     # Started after the first sampling cycle, so they can already resolve GPUs and pods.
     late_starts: list[Callable[[], None]] = field(default_factory=list)
+    monitor: CycleMonitor | None = None  # readiness and state logging after each cycle
 
     def start(self) -> None:
         """First cycle synchronously (the first scrape has data), then the background threads."""
@@ -121,8 +127,12 @@ def build_daemon(cfg: Config) -> Daemon:
                         pod_labels=parse_allowlist(cfg.pod_labels_allowlist),  # validated by load_config
                         resource_slices=dra.resource_slices, resource_claims=dra.resource_claims,
                         pod_claims=dra.pod_claims)
-    sampler = SamplerThread(pipeline, holder, cfg.interval)
-    return Daemon(cfg, node, pipeline, holder, sampler, closers, late_starts)
+    monitor = CycleMonitor(pipeline, ready_without_nvml=cfg.ready_without_nvml,
+                           pod_watch=cfg.pod_watch and not cfg.simulate, xid_stats=xid_families.stats)
+    # After the Xid watcher's start: the summary tells whether it reads the kernel log.
+    late_starts.append(lambda: log.info("%s", startup_summary(cfg, node, pipeline, xid_families.kernel_log)))
+    sampler = SamplerThread(pipeline, holder, cfg.interval, on_cycle=monitor)
+    return Daemon(cfg, node, pipeline, holder, sampler, closers, late_starts, monitor)
 
 
 def _cluster_sources(cfg: Config, node: str, closers: list):
@@ -165,30 +175,16 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
     return pods, node_object, api_client
 
 
-def _pod_resources_source(socket: str):
+def _pod_resources_source(socket: str) -> PodResourcesSource:
     """kubelet pod-resources answers, when the socket exists; None otherwise."""
-    if not socket:
-        return lambda: None
-    from exporter.node.podresources import PodResourcesUnavailable, list_pod_resources
-
-    warned = []
-
-    def fetch():
-        if not os.path.exists(socket):
-            return None
-        try:
-            return list_pod_resources(socket, timeout=1.0)
-        except PodResourcesUnavailable as e:
-            if not warned:
-                log.warning("kubelet pod-resources unavailable: %s", e)
-                warned.append(True)
-            return None
-    return fetch
+    return PodResourcesSource(socket)
 
 
 def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_client,
-         closers: list, late_starts: list) -> Callable[[], list]:
+         closers: list, late_starts: list) -> XidSource:
     """Start the Xid watcher when configured; return its metric families source."""
+    if not cfg.xid:
+        return XidSource()
     if cfg.kmsg_path == "none":
         kmsg_path = None  # deliberately no kernel log: an unprivileged pod takes Xids from NVML events
         if cfg.xid and cfg.xid_nvml_events and not cfg.simulate:
@@ -198,8 +194,8 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
     # NVML events need the real library: a simulated node has none (its scenario's xid_events feed
     # only the fake libnvidia-ml.so.1 of the tests), so the second source is off under --simulate.
     nvml_events = cfg.xid_nvml_events and not cfg.simulate
-    if not cfg.xid or (kmsg_path is None and not nvml_events):
-        return list
+    if kmsg_path is None and not nvml_events:
+        return XidSource(kernel_log="none")
     from exporter.xid.parse import gpu_for_xid
     from exporter.xid.stats import xid_metric_families
     from exporter.xid.watcher import XidWatcher
@@ -230,50 +226,64 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
         except OSError as e:
             # e.g. no CAP_SYSLOG with kernel.dmesg_restrict=1: GPU metrics matter more than Xids.
             log.error("Xid watcher disabled: cannot read %s: %s", kmsg_path, e)
+            source.kernel_log = f"cannot read {kmsg_path}: Xid watcher disabled"
             return
         closers.append(watcher.stop)
+        if kmsg_path is None:
+            source.kernel_log = "none (--kmsg-path none): Xids from NVML events only, without pods"
+        elif watcher.stats().skips.get("read_error"):
+            source.kernel_log = f"cannot read {kmsg_path}: Xids from NVML events only"
+        else:
+            source.kernel_log = f"reading {kmsg_path}"
 
     late_starts.append(start)
-    return lambda: xid_metric_families(watcher.stats(), node, names.pod, names.namespace, names.container)
+    source = XidSource(lambda: xid_metric_families(watcher.stats(), node, names.pod, names.namespace,
+                                                   names.container), watcher.stats, "not started")
+    return source
 
 
 def _serve(daemon: Daemon) -> int:
     from exporter.shell.http_limits import ServerLimits, raise_nofile_limit
     from exporter.shell.http_stats import HttpStats
-    from exporter.shell.server import HttpServer, make_app, run
+    from exporter.shell.server import BindError, HttpServer, make_app, run
 
     # Containers often start with a soft limit of 1024: lift it, then cap connections well under it.
     limits = ServerLimits().fitted(raise_nofile_limit())
     host, port = daemon.config.host_port
     daemon.start()
     stats = HttpStats()
-    app = make_app(daemon.holder, stale_after=max(60.0, 20 * daemon.config.interval), stats=stats)
-    shown = f"[{host}]" if ":" in host else host
-    print(f"kube-gpu-exporter: node {daemon.node_name}, serving http://{shown}:{port}/metrics",
-          flush=True)
+    app = make_app(daemon.holder, stale_after=max(60.0, 20 * daemon.config.interval), stats=stats,
+                   not_ready=daemon.monitor.not_ready_reason if daemon.monitor else None)
+    # One access-log line per scrape is noise in production; keep it for --log-level debug.
+    access_log = log if daemon.config.log_level.lower() == "debug" else None
+    server = HttpServer(app, host, port, limits, stats, access_log=access_log)
+
+    def serving() -> None:  # only once the socket listens
+        shown = f"[{host}]" if ":" in host else host
+        print(f"kube-gpu-exporter: node {daemon.node_name}, serving http://{shown}:{server.port}/metrics",
+              flush=True)
+
     try:
-        # One access-log line per scrape is noise in production; keep it for --log-level debug.
-        access_log = log if daemon.config.log_level.lower() == "debug" else None
-        run(HttpServer(app, host, port, limits, stats, access_log=access_log))
+        run(server, on_started=serving)
+    except BindError as e:  # the port was taken since the pre-flight check
+        print(f"kube-gpu-exporter: error: {bind_error(daemon.config.listen, e.host, e.port, e.error)}",
+              file=sys.stderr)
+        return 2
     finally:
         daemon.close()
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (``--help`` and ``--version`` exit through SystemExit)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    generators = {"rules": "exporter.bundle.rules", "alerts": "exporter.bundle.alerts.cli",
-                  "dashboards": "exporter.bundle.dashboards.cli"}
-    if args and args[0] in generators:
-        import importlib
-        return importlib.import_module(generators[args[0]]).main(args[1:])
-    render_once = bool(args) and args[0] == "render"
-    if render_once:
-        args = args[1:]
+    command = args[0] if args and args[0] in SUBCOMMANDS else None
+    if command is not None and (module := SUBCOMMANDS[command][0]) is not None:
+        return importlib.import_module(module).main(args[1:])
+    render_once = command == "render"
     try:
-        cfg = load_config(args)
-        logging.basicConfig(level=cfg.log_level.upper(),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        cfg = load_config(args[1:] if render_once else args, command=command)
+        configure_logging(cfg.log_level, cfg.log_format)
         if render_once:
             cfg = replace(cfg, xid=False, pod_watch=False if not cfg.simulate else cfg.pod_watch)
         else:

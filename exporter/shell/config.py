@@ -58,6 +58,8 @@ class Config:
     xid_nvml_events: bool
     events: bool
     log_level: str
+    log_format: str = "text"
+    ready_without_nvml: bool = False
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -123,7 +125,19 @@ OPTIONS: tuple[Option, ...] = (
            "(works without kernel log access; off under --simulate)", bool),
     Option("--events", True, "post Kubernetes Events for Xid errors", bool),
     Option("--log-level", "info", "debug, info, warning or error"),
+    Option("--log-format", "text", "text, or json: one JSON object per line (time, level, logger, message, "
+           "exception) for log pipelines"),
+    Option("--ready-without-nvml", False, "report ready (/readyz 200) while NVML cannot be initialised, for nodes "
+           "where that is expected (default: /readyz 503 naming the reason)", bool),
 )
+
+# The subcommands: name -> (module whose main() runs it, or None for the exporter's own, one-line help).
+SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
+    "rules": ("exporter.bundle.rules", "render the recording rules"),
+    "alerts": ("exporter.bundle.alerts.cli", "render the alerting rules"),
+    "dashboards": ("exporter.bundle.dashboards.cli", "render the Grafana dashboards"),
+    "render": (None, "run one sampling cycle, print the exposition and exit (the exporter's flags)"),
+}
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -162,7 +176,7 @@ def check_listen(listen: str) -> None:
             try:
                 sock.bind(addr)
             except OSError as e:
-                raise ConfigError(_bind_error(listen, addr[0], port, e)) from None
+                raise ConfigError(bind_error(listen, addr[0], port, e)) from None
         if not opened:
             raise ConfigError(f"--listen {listen}: no usable address for host {host!r}")
     finally:
@@ -170,7 +184,8 @@ def check_listen(listen: str) -> None:
             sock.close()
 
 
-def _bind_error(listen: str, address: str, port: int, e: OSError) -> str:
+def bind_error(listen: str, address: str, port: int, e: OSError) -> str:
+    """The one-line message for a failed bind of ``address``:``port`` (``listen`` as configured)."""
     if e.errno == errno.EADDRINUSE:
         return f"--listen {listen}: port {port} is already in use on {address}"
     if e.errno == errno.EADDRNOTAVAIL:
@@ -224,14 +239,21 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="kube-gpu-exporter",
-        description="Per-container GPU metrics for a Kubernetes node. Subcommands: "
-        "'rules', 'alerts' and 'dashboards' render the generated rules, alerts and Grafana dashboards; "
-        "'render' prints one exposition and exits.",
-        epilog=f"Every flag can also be set with an environment variable: {ENV_PREFIX}<FLAG>, "
-        f"e.g. {ENV_PREFIX}LISTEN.")
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The exporter's parser; ``command`` "render" gives the ``render`` subcommand's own."""
+    from exporter import __version__
+
+    epilog = (f"Every flag can also be set with an environment variable: {ENV_PREFIX}<FLAG>, "
+              f"e.g. {ENV_PREFIX}LISTEN.")
+    if command == "render":
+        p = _Parser(prog="kube-gpu-exporter render", epilog=epilog,
+                    description="Run one sampling cycle, print the exposition and exit (no server, no Xid "
+                    "watcher). Takes the exporter's flags, e.g. --simulate SCENARIO.")
+    else:
+        p = _Parser(prog="kube-gpu-exporter", epilog=epilog,
+                    description="Per-container GPU metrics for a Kubernetes node: without a subcommand, "
+                    "sample and serve /metrics. Each subcommand has its own --help.")
+        p.add_argument("--version", action="version", version=f"kube-gpu-exporter {__version__}")
     for o in OPTIONS:
         help_text = f"{o.described} (env {o.env}; default {o.default!r})"
         if o.kind is bool:
@@ -239,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
                            help=help_text)
         else:
             p.add_argument(o.flag, dest=o.dest, default=None, help=help_text)
+    if command is None:
+        # Listed for usage and --help; cli.main dispatches a subcommand given first before parsing.
+        sub = p.add_subparsers(dest="command", title="subcommands", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+        for name, (_, text) in SUBCOMMANDS.items():
+            sub.add_parser(name, help=text, add_help=False)
     return p
 
 
@@ -251,10 +278,19 @@ def _convert(o: Option, raw: object, source: str) -> object:
     return str(raw)
 
 
-def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:
-    """Parse flags and environment into a validated :class:`Config` (raises ConfigError)."""
+def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, command: str | None = None
+                ) -> Config:
+    """Parse flags (of ``command``, see :func:`build_parser`) and environment into a :class:`Config`.
+
+    Raises ConfigError.
+    """
     env = os.environ if environ is None else environ
-    ns = build_parser().parse_args(list(argv))
+    parser = build_parser(command)
+    ns, unknown = parser.parse_known_args(list(argv))
+    if getattr(ns, "command", None):
+        raise ConfigError(f"the subcommand {ns.command!r} must come first: kube-gpu-exporter {ns.command} ...")
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     values: dict[str, object] = {}
     sources: dict[str, str] = {}  # where each value came from, so an error names what to fix
     for o in OPTIONS:
@@ -269,7 +305,9 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     check_label_names([(sources[d], str(values[d])) for d in ("pod_label", "namespace_label", "container_label")])
     _check_pod_labels_allowlist(cfg, sources)
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"--log-level must be debug, info, warning or error, got {cfg.log_level!r}")
+        raise ConfigError(f"{sources['log_level']} must be debug, info, warning or error, got {cfg.log_level!r}")
+    if cfg.log_format not in ("text", "json"):
+        raise ConfigError(f"{sources['log_format']} must be text or json, got {cfg.log_format!r}")
     return cfg
 
 

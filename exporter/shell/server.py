@@ -34,11 +34,12 @@ INDEX = b"""<html><head><title>kube-gpu-exporter</title></head><body>
 
 
 def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], float] = time.time,
-             stats: HttpStats | None = None, monotonic: Callable[[], float] = time.monotonic
-             ) -> web.Application:
+             stats: HttpStats | None = None, monotonic: Callable[[], float] = time.monotonic,
+             not_ready: Callable[[], str | None] | None = None) -> web.Application:
     """The aiohttp application.
 
     /healthz fails once the sampler has finished no cycle (good or bad) for ``stale_after`` seconds;
+    /readyz fails before the first snapshot and while ``not_ready`` gives a reason (NVML down);
     ``stats`` are the server's own counters, appended to each scrape.
     """
 
@@ -64,6 +65,8 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
     async def readyz(request: web.Request) -> web.Response:
         if not holder.ready:
             return web.Response(status=503, text="no snapshot yet\n")
+        if not_ready is not None and (reason := not_ready()):
+            return web.Response(status=503, text=f"{reason}\n")
         return web.Response(text="ok\n")
 
     async def index(request: web.Request) -> web.Response:
@@ -115,19 +118,36 @@ class HttpServer:
             await self._runner.cleanup()  # closes idle connections, waits a little for busy ones
 
 
-async def serve(server: HttpServer) -> None:
-    """Start ``server`` and serve until SIGTERM or SIGINT."""
+class BindError(Exception):
+    """The server could not listen on its address (``error`` is the OSError of the bind)."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {error}")
+        self.host, self.port, self.error = host, port, error
+
+
+async def serve(server: HttpServer, on_started: Callable[[], None] | None = None) -> None:
+    """Start ``server``, call ``on_started`` once it listens, serve until SIGTERM or SIGINT.
+
+    Raises :class:`BindError` when it cannot listen.
+    """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
     try:
+        await server.start()
+    except OSError as e:
+        await server.close()
+        raise BindError(server.host, server.requested_port, e) from e
+    try:
+        if on_started is not None:
+            on_started()
         await stop.wait()
     finally:
         await server.close()
 
 
-def run(server: HttpServer) -> None:
-    """Serve on a new event loop until SIGTERM or SIGINT."""
-    asyncio.run(serve(server))
+def run(server: HttpServer, on_started: Callable[[], None] | None = None) -> None:
+    """Serve on a new event loop until SIGTERM or SIGINT (see :func:`serve`)."""
+    asyncio.run(serve(server, on_started))

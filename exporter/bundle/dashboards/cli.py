@@ -45,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         default=None,
-        help="json: output directory (default: current directory; '-' with --only for stdout); "
-        "configmap: output file (default stdout)",
+        help="json: output directory (required; '-' with --only for stdout); configmap: output file (default stdout)",
     )
     return p
 
@@ -65,7 +64,8 @@ def options_from_args(args: argparse.Namespace) -> DashboardOptions:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; ``argv`` are the arguments after ``dashboards``. Returns the exit status."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         opts = options_from_args(args)
         if args.format == "configmap":
@@ -73,10 +73,17 @@ def main(argv: list[str] | None = None) -> int:
                 raise DashboardOptionsError("--only applies to --format json")
             labels = parse_key_values(args.label, "--label", DashboardOptionsError)
             write_output(render_configmaps(opts, args.namespace, labels), args.output)
+            if args.output not in (None, "-"):
+                print(f"wrote {args.output}", file=sys.stderr)
             return 0
         if args.namespace or args.label:
             raise DashboardOptionsError("--namespace and --label apply to --format configmap")
-        _write_json(render_dashboards(opts), dashboard_uid(opts, args.only) if args.only else None, args.output)
+        files = render_dashboards(opts)  # validates the options: their errors come first
+        if args.output is None:  # not the current directory by surprise
+            parser.print_usage(sys.stderr)
+            raise DashboardOptionsError("-o DIR is required: the directory to write the JSON files to "
+                                        "('-o -' with --only for stdout)")
+        _write_json(files, dashboard_uid(opts, args.only) if args.only else None, args.output)
     except DashboardOptionsError as exc:
         return fail("dashboards", exc)
     return 0
@@ -96,6 +103,7 @@ def _write_json(files: dict[str, str], only: str | None, output: str | None) -> 
         raise DashboardOptionsError(f"-o: {str(out_dir)!r} is not a directory")
     for file_name, text in files.items():
         (out_dir / file_name).write_text(text, encoding="utf-8")
+        print(f"wrote {out_dir / file_name}", file=sys.stderr)
 
 
 if __name__ == "__main__":

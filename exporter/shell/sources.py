@@ -1,0 +1,58 @@
+"""Shell-side sources: the kubelet's pod-resources answers (state logged when it changes), the Xid watcher's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable
+
+from exporter.model import PodResources
+from exporter.shell.logging_setup import StateLog
+from exporter.xid.stats import XidStats
+
+log = logging.getLogger("kube_gpu_exporter")
+
+
+class PodResourcesSource:
+    """The kubelet's pod-resources answer each cycle, or None; ``state`` says which, for the summary.
+
+    A missing socket (the chart mounts it only when asked) is no trouble; an unreachable kubelet is,
+    logged once per reason, and its recovery once.
+    """
+
+    def __init__(self, socket: str, timeout: float = 1.0) -> None:
+        self.socket, self.timeout = socket, timeout
+        self.state = "disabled (--pod-resources-socket '')" if not socket else "not asked yet"
+        self._log = StateLog(log)
+
+    def __call__(self) -> tuple[PodResources, ...] | None:
+        if not self.socket:
+            return None
+        from exporter.node.podresources import PodResourcesUnavailable, list_pod_resources
+
+        if not os.path.exists(self.socket):
+            self.state = f"no socket at {self.socket}"
+            self._log.good("absent", "kubelet pod-resources: no socket at %s now, going on without it", self.socket)
+            return None
+        try:
+            answer = list_pod_resources(self.socket, timeout=self.timeout)
+        except PodResourcesUnavailable as e:
+            self.state = f"unavailable ({e})"
+            # Keyed without numbers: a changing detail (a port, a count) is not a new state.
+            self._log.bad(re.sub(r"\d+", "#", str(e)), "kubelet pod-resources unavailable: %s", e)
+            return None
+        self.state = "ok"
+        self._log.good("ok", "kubelet pod-resources available again")
+        return answer
+
+
+class XidSource:
+    """The Xid watcher's metric families (a Pipeline's extra families), its counts and the kernel log's state."""
+
+    def __init__(self, families: Callable[[], list] = list, stats: Callable[[], XidStats] | None = None,
+                 kernel_log: str = "off (--no-xid)") -> None:
+        self.families, self.stats, self.kernel_log = families, stats, kernel_log
+
+    def __call__(self) -> list:
+        return self.families()
