@@ -11,6 +11,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v vmalert >/dev/null 2>&1 || need+=(victoria-metrics)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing apt packages: ${need[*]}"
   # Keep Debian's init scripts from starting Prometheus/Alertmanager/VictoriaMetrics on their default ports.

@@ -216,11 +216,16 @@ def test_scrape_path_touches_no_source():
                 r = await client.get("/metrics", headers={"Accept-Encoding": enc}, auto_decompress=True)
                 assert r.status == 200
                 bodies.append(await r.read())
+            for path in ("/", "/status.json"):  # the status page serves the cycle's tree, reads no source
+                r = await client.get(path)
+                assert r.status == 200
+                bodies.append(await r.read())
             return bodies
 
     bodies = asyncio.run(scrape_many())
     assert calls == before
-    assert all(b"nvidia_gpu_duty_cycle" in b and b"kube_gpu_exporter_snapshot_age_seconds" in b for b in bodies)
+    assert all(b"nvidia_gpu_duty_cycle" in b and b"kube_gpu_exporter_snapshot_age_seconds" in b for b in bodies[:3])
+    assert b"app-3g-v1-0" in bodies[3] and b'"scheme": "aliyun-gpushare"' in bodies[4]
     daemon.close()
 
 

@@ -33,6 +33,8 @@ class Snapshot:
     # pid -> (namespace, pod, container, pod uid) of the GPU processes seen in this cycle,
     # so the Xid watcher can name the pod of a pid without touching /proc itself.
     pid_owners: Mapping[int, tuple[str, str, str, str]] = field(default_factory=lambda: EMPTY)
+    # The status page's tree of the same cycle (exporter/exposition/status.py), empty before the first.
+    status: Mapping[str, object] = field(default_factory=lambda: EMPTY)
 
 
 def go_float(value: float) -> str:

@@ -23,6 +23,7 @@ from exporter.attribution.dra_objects import PodClaims
 from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, pod_label_skips
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.exposition.snapshot import Snapshot, make_snapshot, with_sample_failures
+from exporter.exposition.status import build_status  # the status page's tree, built with the rows
 from exporter.model import CgroupRef, NodeSample, PodResources
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ class Pipeline:
         families += self.extra_families()
         owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)
                   for d in attr.devices for p in d.processes if p.pod is not None}
-        return make_snapshot(families, now, sample.devices, owners), attr
+        status = build_status(attr, sample, stats, families, self.node_name, now)
+        return replace(make_snapshot(families, now, sample.devices, owners), status=status), attr
 
 
 class SamplerThread(threading.Thread):

@@ -28,10 +28,6 @@ from exporter.shell.http_limits import (
 )
 from exporter.shell.http_stats import HttpStats, RateLimitedLog
 
-INDEX = b"""<html><head><title>kube-gpu-exporter</title></head><body>
-<h1>kube-gpu-exporter</h1><p><a href="/metrics">Metrics</a> &middot; <a href="/healthz">Health</a>
-&middot; <a href="/readyz">Ready</a></p></body></html>"""
-
 
 def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], float] = time.time,
              stats: HttpStats | None = None, monotonic: Callable[[], float] = time.monotonic,
@@ -40,7 +36,8 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
 
     /healthz fails once the sampler has finished no cycle (good or bad) for ``stale_after`` seconds;
     /readyz fails before the first snapshot and while ``not_ready`` gives a reason (NVML down);
-    ``stats`` are the server's own counters, appended to each scrape.
+    ``stats`` are the server's own counters, appended to each scrape; ``/`` and ``/status.json`` serve
+    the snapshot's status tree (docs/status.md) as HTML and JSON.
     """
 
     async def metrics(request: web.Request) -> web.Response:
@@ -69,13 +66,32 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
             return web.Response(status=503, text=f"{reason}\n")
         return web.Response(text="ok\n")
 
+    from exporter.exposition.status import status_json, status_view
+    from exporter.exposition.status_html import render_html
+    from exporter.xid.parse import lookup
+
+    def xid_catalog(code: int) -> dict[str, str]:
+        info = lookup(code)
+        return {"meaning": info.meaning, "action": info.action, "severity": info.severity}
+
+    def view() -> dict:
+        # The cycle's pre-built status tree: a request only adds the age and serialises it.
+        snapshot = holder.get()
+        return status_view(snapshot.status, snapshot.body, clock(), holder.ready, xid_catalog)
+
     async def index(request: web.Request) -> web.Response:
-        return web.Response(body=INDEX, content_type="text/html")
+        return web.Response(body=render_html(view()), content_type="text/html", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})
+
+    async def status(request: web.Request) -> web.Response:
+        return web.Response(body=status_json(view()), content_type="application/json",
+                            headers={"Cache-Control": "no-store"})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status.json", status)
     app.router.add_get("/", index)
     return app
 

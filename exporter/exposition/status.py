@@ -1,0 +1,297 @@
+"""The status page's data: built once per sampling cycle, served as JSON (``/status.json``) and HTML (``/``).
+
+:func:`build_status` turns one cycle's attribution, sample, exporter counters and metric families
+into an immutable tree (mappings are read-only, lists are tuples) stored on the
+:class:`~exporter.exposition.snapshot.Snapshot`. A request calls :func:`status_view`: a plain
+copy with the two values that change between cycles (the snapshot's age, the failure count a
+failed cycle writes into the served body) and, given a catalog, each Xid's meaning. Nothing here
+reads a source; docs/status.md describes the fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from exporter.attribution.attribute import (
+    ContainerUsage,
+    DeviceAttribution,
+    NodeAttribution,
+    PlacedAllocation,
+    ProcessAttribution,
+)
+from exporter.exposition.rows import ExporterStats
+from exporter.model import DeviceSample, NodeSample
+
+XID_FAMILY = "nvidia_gpu_xid_errors"
+LAST_XID_FAMILY = "nvidia_gpu_last_xid_timestamp_seconds"
+FAILURES_SAMPLE = b"kube_gpu_exporter_sample_failures_total "
+
+Status = Mapping[str, Any]
+
+
+def freeze(value: Any) -> Any:
+    """``value`` with every dict read-only and every list a tuple, recursively."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """A plain ``dict``/``list`` copy of a frozen tree."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [thaw(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN
+    return value
+
+
+def _watts(milliwatts: int | None) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000
+
+
+def _device_values(d: DeviceSample) -> dict[str, Any]:
+    return {
+        "uuid": d.uuid,
+        "model": d.name,
+        "minor": d.minor_number,
+        "index": d.index,
+        "pci_bus_id": d.pci_bus_id,
+        "state": "lost" if d.lost else "up",
+        "utilization_percent": d.utilization_gpu,
+        "memory_utilization_percent": d.utilization_memory,
+        "memory_used_bytes": d.memory_used_bytes,
+        "memory_total_bytes": d.memory_total_bytes,
+        "power_watts": _watts(d.power_usage_milliwatts),
+        "power_limit_watts": None,  # not sampled yet: the field is there for when it is
+        "temperature_celsius": d.temperature_celsius,
+    }
+
+
+def _container_key(namespace: str, pod: str, container: str) -> tuple[str, str, str]:
+    return namespace, pod, container
+
+
+def _grant_row(a: PlacedAllocation) -> dict[str, Any]:
+    return {
+        "namespace": a.pod.namespace, "pod": a.pod.name, "container": a.container,
+        "allocate_mode": a.allocate_mode, "scheme": a.scheme,
+        "grant": {"compute_percent": a.compute_percent, "memory_bytes": a.memory_bytes},
+        "use": None,
+    }
+
+
+def _use(u: ContainerUsage) -> dict[str, Any]:
+    return {"sm_percent": u.sm_util, "memory_bytes": u.memory_used_bytes}
+
+
+def _containers(dev: DeviceAttribution, placed: Sequence[PlacedAllocation]) -> list[dict[str, Any]]:
+    """The containers holding or using ``dev``: allocations placed on it, with what each one uses."""
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for a in placed:
+        if a.uuid == dev.device.uuid:
+            rows.setdefault(_container_key(a.pod.namespace, a.pod.name, a.container), _grant_row(a))
+    for u in dev.users:
+        key = _container_key(u.pod.namespace, u.pod.name, u.container)
+        row = rows.get(key)
+        if row is None:
+            alloc = u.allocation
+            row = rows[key] = {
+                "namespace": u.pod.namespace, "pod": u.pod.name, "container": u.container,
+                "allocate_mode": dev.mode, "scheme": alloc.scheme if alloc is not None else None,
+                "grant": None if alloc is None else {"compute_percent": alloc.compute_percent,
+                                                     "memory_bytes": alloc.memory_bytes},
+            }
+        row["use"] = _use(u)
+    return [rows[k] for k in sorted(rows)]
+
+
+def _process(p: ProcessAttribution) -> dict[str, Any]:
+    return {
+        "pid": p.pid, "memory_bytes": p.used_memory_bytes, "sm_percent": p.sm_util,
+        "namespace": p.pod.namespace if p.pod is not None else None,
+        "pod": p.pod.name if p.pod is not None else None,
+        "container": p.container,
+    }
+
+
+def _device_entry(dev: DeviceAttribution, placed: Sequence[PlacedAllocation]) -> dict[str, Any]:
+    entry = _device_values(dev.device)
+    entry["allocate_mode"] = dev.mode
+    entry["containers"] = _containers(dev, placed)
+    entry["unaccounted"] = [_process(p) for p in sorted(dev.unaccounted, key=lambda p: p.pid)]
+    entry["xids"], entry["last_xid_at"] = [], None
+    if dev.device.parent_uuid is not None:
+        entry["mig"] = {"profile": dev.device.mig_profile, "gpu_instance_id": dev.device.gpu_instance_id,
+                        "compute_instance_id": dev.device.compute_instance_id}
+    return entry
+
+
+def _parent_entry(child: DeviceSample) -> dict[str, Any]:
+    """A MIG card, known only through its instances (which carry the card's power and temperature)."""
+    entry = _device_values(child)
+    model = child.name.split(" MIG ")[0]
+    entry.update(uuid=child.parent_uuid, model=model, utilization_percent=None, memory_utilization_percent=None,
+                 memory_used_bytes=None, memory_total_bytes=None, allocate_mode=None, containers=[],
+                 unaccounted=[], xids=[], last_xid_at=None)
+    return entry
+
+
+def _gpus(attr: NodeAttribution) -> list[dict[str, Any]]:
+    """One entry per physical GPU, its MIG instances in ``instances``."""
+    gpus: list[dict[str, Any]] = []
+    by_uuid: dict[str, dict[str, Any]] = {}
+    for dev in attr.devices:
+        d = dev.device
+        entry = _device_entry(dev, attr.allocations)
+        if d.parent_uuid is None:
+            entry.setdefault("instances", [])
+            if d.uuid in by_uuid:  # its instances came first
+                entry["instances"] = by_uuid[d.uuid]["instances"]
+                gpus[gpus.index(by_uuid[d.uuid])] = entry
+            else:
+                gpus.append(entry)
+            by_uuid[d.uuid] = entry
+            continue
+        parent = by_uuid.get(d.parent_uuid)
+        if parent is None:
+            parent = by_uuid[d.parent_uuid] = _parent_entry(d) | {"instances": []}
+            gpus.append(parent)
+        parent["instances"].append(entry)
+    for g in gpus:
+        if g["instances"] and g["memory_total_bytes"] is None:
+            _sum_memory(g)
+    return gpus
+
+
+def _sum_memory(card: dict[str, Any]) -> None:
+    """A MIG card's memory: its instances' (when each one's is known)."""
+    for key in ("memory_used_bytes", "memory_total_bytes"):
+        values = [i[key] for i in card["instances"]]
+        card[key] = None if None in values else sum(values)
+
+
+def _xid_counts(families: Iterable[Metric]) -> tuple[dict[tuple[str, int], float], dict[str, float]]:
+    """(uuid, xid) -> count summed over pods, and uuid -> last Xid time, from the Xid families."""
+    counts: dict[tuple[str, int], float] = {}
+    last: dict[str, float] = {}
+    for fam in families:
+        if fam.name not in (XID_FAMILY, LAST_XID_FAMILY):
+            continue
+        for s in fam.samples:
+            uuid = str(s.labels.get("uuid", ""))
+            if s.name == XID_FAMILY + "_total":
+                try:
+                    key = (uuid, int(s.labels.get("xid", "")))
+                except ValueError:
+                    continue
+                counts[key] = counts.get(key, 0) + s.value
+            elif s.name == LAST_XID_FAMILY:
+                last[uuid] = s.value
+    return counts, last
+
+
+def _attach_xids(gpus: list[dict[str, Any]], families: Iterable[Metric]) -> list[dict[str, Any]]:
+    """Put each Xid count on its GPU (or MIG instance); returns those of no GPU on this page."""
+    counts, last = _xid_counts(families)
+    entries = {g["uuid"]: g for g in gpus}
+    entries.update({i["uuid"]: i for g in gpus for i in g["instances"]})
+    other: list[dict[str, Any]] = []
+    for (uuid, xid), n in sorted(counts.items()):
+        target = entries.get(uuid)
+        if target is None:
+            other.append({"uuid": uuid, "xid": xid, "count": int(n)})
+        else:
+            target["xids"].append({"xid": xid, "count": int(n)})
+    for uuid, ts in last.items():
+        if uuid in entries:
+            entries[uuid]["last_xid_at"] = ts
+    return other
+
+
+def _subsystems(sample: NodeSample, stats: ExporterStats) -> dict[str, Any]:
+    errors = [{"call": call, "error": err, "count": n} for (call, err), n in sorted(sample.errors.items())]
+    return {
+        "nvml": {"up": sample.nvml_up, "driver_version": sample.driver_version, "errors": errors},
+        "pod_cache": {"synced": stats.pod_cache_synced, "age_seconds": stats.pod_cache_age_seconds,
+                      "sync_errors": stats.pod_sync_errors_total},
+        "sampler": {"samples_total": stats.samples_total, "sample_failures_total": stats.sample_failures_total,
+                    "cycle_seconds": sample.duration_seconds},
+        "skips": dict(sorted(stats.skips.items())),
+    }
+
+
+def build_status(attr: NodeAttribution, sample: NodeSample, stats: ExporterStats, families: Iterable[Metric],
+                 node_name: str, built_at: float) -> Status:
+    """The status tree of one cycle (immutable)."""
+    families = list(families)
+    gpus = _gpus(attr)
+    other_xids = _attach_xids(gpus, families)
+    unplaced = [_grant_row(a) for a in sorted(attr.allocations, key=lambda a: (a.pod.namespace, a.pod.name,
+                                                                            a.container)) if not a.uuid]
+    return freeze({
+        "node": node_name,
+        "built_at": built_at,
+        "snapshot_age_seconds": 0.0,
+        "subsystems": _subsystems(sample, stats),
+        "gpus": gpus,
+        "unplaced": unplaced,
+        "other_xids": other_xids,
+        "disagreements": dict(sorted(attr.disagreements.items())),
+    })
+
+
+def _served_failures(body: bytes) -> int | None:
+    """The failure count in the served body (a failed cycle rewrites it there, not in the status)."""
+    start = body.find(b"\n" + FAILURES_SAMPLE)
+    if start < 0:
+        return None
+    start += 1 + len(FAILURES_SAMPLE)
+    end = body.find(b"\n", start)
+    try:
+        return int(float(body[start:end if end >= 0 else len(body)]))
+    except ValueError:
+        return None
+
+
+XidCatalog = Callable[[int], Mapping[str, str]]
+
+
+def status_view(status: Status, body: bytes, now: float, ready: bool,
+                xid_catalog: XidCatalog | None = None) -> dict[str, Any]:
+    """What a request serves: a plain copy of ``status`` with its age, failure count and Xid meanings."""
+    if not status:
+        return {"ready": False, "node": None, "built_at": None, "snapshot_age_seconds": None, "subsystems": None,
+                "gpus": [], "unplaced": [], "other_xids": [], "disagreements": {}}
+    view = thaw(status)
+    view["ready"] = ready
+    view["snapshot_age_seconds"] = max(0.0, now - view["built_at"])
+    failures = _served_failures(body)
+    if failures is not None:
+        view["subsystems"]["sampler"]["sample_failures_total"] = failures
+    if xid_catalog is not None:
+        entries = view["other_xids"] + [x for g in view["gpus"] for x in g["xids"]]
+        entries += [x for g in view["gpus"] for i in g["instances"] for x in i["xids"]]
+        for x in entries:
+            x.update(xid_catalog(x["xid"]))
+    return view
+
+
+def status_json(view: Mapping[str, Any]) -> bytes:
+    return json.dumps(view, indent=1, sort_keys=False, allow_nan=False, default=_json_default).encode()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+

@@ -1,0 +1,167 @@
+"""scripts/run-demo.sh end to end: its Prometheus records the scenarios' truth, loads the alerts,
+and a SIGINT or SIGTERM leaves no process of it behind.
+
+The script runs in its own session on free ports; every wait polls (tests/prom_support.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.prom_support import ALERTMANAGER, PROMETHEUS, free_port, http_get, poll, query
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "run-demo.sh"
+SCENARIOS = ["examples/seed-cgpu-t4.yaml", "examples/mixed-4gpu-node.yaml", "examples/mig-a100-node.yaml"]
+BASH = shutil.which("bash") or "/bin/bash"
+
+needs_prometheus = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus is not installed")
+
+
+def truth(scenarios: list[str]) -> tuple[set[str], int, int]:
+    """(node names, GPUs, GPU memory bytes) of the scenarios: a MIG-partitioned GPU counts as its instances."""
+    nodes, gpus, memory = set(), 0, 0
+    for name in scenarios:
+        doc = yaml.safe_load((ROOT / name).read_text())
+        nodes.add(doc["node"])
+        for dev in doc["devices"]:
+            migs = dev.get("mig_devices") or []
+            gpus += len(migs) or 1
+            memory += sum(m["memory_total_bytes"] for m in migs) if migs else dev["memory_total_bytes"]
+    return nodes, gpus, memory
+
+
+def session_processes(sid: int) -> list[str]:
+    """Command lines of the live (not zombie) processes of session ``sid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            found.append(f"{stat.parent.name}: {cmdline.strip()}")
+    return found
+
+
+def _api(base: str, path: str) -> dict:
+    try:
+        return json.loads(http_get(base + path))["data"]
+    except OSError:
+        return {}
+
+
+@needs_prometheus
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_demo_records_the_truth_and_stops_everything(tmp_path: Path, sig: signal.Signals) -> None:
+    start = time.monotonic()
+    ports = [free_port() for _ in range(5)]
+    env = dict(os.environ)
+    env.update(
+        DEMO_SCENARIOS=" ".join(SCENARIOS),
+        DEMO_EXPORTER_PORTS=" ".join(map(str, ports[:3])),
+        DEMO_PROMETHEUS_PORT=str(ports[3]),
+        DEMO_ALERTMANAGER_PORT=str(ports[4]),
+        DEMO_INTERVAL="2s",
+        DEMO_DIR=str(tmp_path / "demo"),
+    )
+    # The suite's own install of the exporter (scripts/test.sh's editable one) rather than a reinstall into .venv.
+    installed = Path(sys.executable).parent / "kube-gpu-exporter"
+    if installed.exists():
+        env["DEMO_EXPORTER"] = str(installed)
+    log = tmp_path / "run-demo.out"
+    proc = subprocess.Popen(
+        [BASH, str(SCRIPT)], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    prom = f"http://127.0.0.1:{ports[3]}"
+    nodes, gpus, memory = truth(SCENARIOS)
+    try:
+        banner = poll(lambda: proc.poll() is not None or "Ctrl-C stops everything" in log.read_text(), 40, 0.2)
+        assert proc.poll() is None and banner, log.read_text()
+        out = log.read_text()
+        for port in ports[:3]:
+            assert f"http://127.0.0.1:{port}/metrics" in out
+        assert f"{prom}/graph?g0.expr=k8s_cluster_gpu_used" in out
+
+        def recorded() -> bool:
+            try:
+                capacity = query(prom, "kube_node_status_capacity_gpu")
+                total = query(prom, "k8s_cluster_gpu_total")
+                mem = query(prom, "k8s_cluster_gpu_memory_total_bytes")
+            except OSError:
+                return False
+            return (
+                {dict(k)["node_name"] for k in capacity} == nodes
+                and list(total.values()) == [100.0 * gpus]
+                and list(mem.values()) == [float(memory)]
+            )
+
+        assert poll(recorded, 30), (
+            query(prom, "kube_node_status_capacity_gpu"),
+            query(prom, "k8s_cluster_gpu_total"),
+            log.read_text(),
+        )
+
+        alert_file = yaml.safe_load((ROOT / "alerts" / "kube-gpu-exporter.alerts.yaml").read_text())
+        expected = {r["alert"] for g in alert_file["groups"] for r in g["rules"] if "alert" in r}
+
+        def alerts_loaded() -> bool:
+            groups = _api(prom, "/api/v1/rules").get("groups", [])
+            rules = [r for g in groups for r in g["rules"]]
+            return {r["name"] for r in rules if r["type"] == "alerting"} == expected and all(
+                r["health"] == "ok" for r in rules
+            )
+
+        assert poll(alerts_loaded, 15), _api(prom, "/api/v1/rules")
+        if Path(ALERTMANAGER).exists():
+            am = f"127.0.0.1:{ports[4]}"
+
+            def wired() -> bool:
+                active = _api(prom, "/api/v1/alertmanagers").get("activeAlertmanagers", [])
+                return any(am in a["url"] for a in active)
+
+            assert poll(wired, 15), _api(prom, "/api/v1/alertmanagers")
+            http_get(f"http://{am}/-/ready")
+
+        children = session_processes(proc.pid)
+        assert any("prometheus" in c for c in children) and sum("--simulate" in c for c in children) == 3, children
+
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == 128 + sig, log.read_text()
+        left = poll(lambda: not session_processes(proc.pid), 15, 0.2)
+        assert left, session_processes(proc.pid)
+        assert time.monotonic() - start < 60
+    finally:
+        if proc.poll() is None or session_processes(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def test_demo_without_prometheus_says_how_to_install_it(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+    result = subprocess.run(
+        [str(bin_dir / "bash"), str(SCRIPT)], cwd=ROOT, env={"PATH": str(bin_dir)}, capture_output=True, text=True,
+        timeout=20,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "prometheus is not installed" in lines[0], result.stderr
+    assert "scripts/test.sh" in lines[0] and "apt-get install prometheus" in lines[0]
