@@ -39,6 +39,7 @@ CHART_SET_OTHER = {
     "host_proc",  # --host-proc argument
     "node_name",  # $NODE_NAME from the downward API
     "simulate", "kube_api_url", "kubeconfig",  # not for a cluster deployment (in-cluster config)
+    "web_config_file",  # --web-config-file argument (webConfig.secretName; tests/test_helm_tls.py)
 }
 
 

@@ -246,7 +246,14 @@ def _serve(daemon: Daemon) -> int:
     from exporter.shell.http_limits import ServerLimits, raise_nofile_limit
     from exporter.shell.http_stats import HttpStats
     from exporter.shell.server import BindError, HttpServer, make_app, run
+    from exporter.shell.web_config import load_web_config
 
+    try:  # checked by load_config already; read again here for the certificates as they are now
+        web = load_web_config(daemon.config.web_config_file) if daemon.config.web_config_file else None
+    except ConfigError as e:
+        print(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", file=sys.stderr)
+        daemon.close()
+        return 2
     # Containers often start with a soft limit of 1024: lift it, then cap connections well under it.
     limits = ServerLimits().fitted(raise_nofile_limit())
     host, port = daemon.config.host_port
@@ -256,11 +263,13 @@ def _serve(daemon: Daemon) -> int:
                    not_ready=daemon.monitor.not_ready_reason if daemon.monitor else None)
     # One access-log line per scrape is noise in production; keep it for --log-level debug.
     access_log = log if daemon.config.log_level.lower() == "debug" else None
-    server = HttpServer(app, host, port, limits, stats, access_log=access_log)
+    server = HttpServer(app, host, port, limits, stats, access_log=access_log, web_config=web)
+    scheme = "https" if server.tls is not None else "http"
 
     def serving() -> None:  # only once the socket listens
         shown = f"[{host}]" if ":" in host else host
-        print(f"kube-gpu-exporter: node {daemon.node_name}, serving http://{shown}:{server.port}/metrics",
+        auth = ", basic authentication" if server.auth is not None else ""
+        print(f"kube-gpu-exporter: node {daemon.node_name}, serving {scheme}://{shown}:{server.port}/metrics{auth}",
               flush=True)
 
     try:

@@ -60,6 +60,7 @@ class Config:
     log_level: str
     log_format: str = "text"
     ready_without_nvml: bool = False
+    web_config_file: str | None = None
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -129,6 +130,9 @@ OPTIONS: tuple[Option, ...] = (
            "exception) for log pipelines"),
     Option("--ready-without-nvml", False, "report ready (/readyz 200) while NVML cannot be initialised, for nodes "
            "where that is expected (default: /readyz 503 naming the reason)", bool),
+    Option("--web-config-file", None, "TLS and basic authentication: a web configuration file in the format of "
+           "the Prometheus exporter-toolkit, as node_exporter's --web.config.file "
+           "(docs/deploy.md#tls-and-authentication); default: plain HTTP, no authentication"),
 )
 
 # The subcommands: name -> (module whose main() runs it, or None for the exporter's own, one-line help).
@@ -308,6 +312,9 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, c
         raise ConfigError(f"{sources['log_level']} must be debug, info, warning or error, got {cfg.log_level!r}")
     if cfg.log_format not in ("text", "json"):
         raise ConfigError(f"{sources['log_format']} must be text or json, got {cfg.log_format!r}")
+    if cfg.web_config_file:
+        from exporter.shell.web_config import load_web_config
+        load_web_config(cfg.web_config_file, sources["web_config_file"])  # refused at start, with the key
     return cfg
 
 

@@ -27,6 +27,7 @@ from exporter.shell.http_limits import (
     loop_exception_handler,
 )
 from exporter.shell.http_stats import HttpStats, RateLimitedLog
+from exporter.shell.web_config import BasicAuth, TlsReloader, WebConfig
 
 
 def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], float] = time.time,
@@ -97,12 +98,20 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
 
 
 class HttpServer:
-    """``app`` listening on ``host:port`` through :class:`LimitedRequestHandler` connections."""
+    """``app`` listening on ``host:port`` through :class:`LimitedRequestHandler` connections.
+
+    ``web_config`` (``--web-config-file``): TLS with certificates re-read when they change, and basic authentication
+    on every path (exporter/shell/web_config.py).
+    """
 
     def __init__(self, app: web.Application, host: str, port: int, limits: ServerLimits,
-                 stats: HttpStats, access_log: logging.Logger | None = None) -> None:
+                 stats: HttpStats, access_log: logging.Logger | None = None,
+                 web_config: WebConfig | None = None) -> None:
         self.app, self.host, self.requested_port = app, host, port
         self.limits, self.stats, self.access_log = limits, stats, access_log
+        wc = web_config
+        self.tls = TlsReloader(wc.tls, wc.context) if wc is not None and wc.tls is not None else None
+        self.auth = BasicAuth(wc.users) if wc is not None and wc.users else None
         self.report = RateLimitedLog(log)
         self.limiter = ConnectionLimiter(limits.max_connections, stats, self.report)
         self._runner: web.AppRunner | None = None
@@ -111,6 +120,8 @@ class HttpServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(loop_exception_handler(self.stats, self.report))
+        if self.auth is not None:
+            self.app.middlewares.append(self.auth.middleware)  # before setup freezes the app
         self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
                                      shutdown_timeout=self.limits.shutdown_timeout)
         await self._runner.setup()
@@ -119,8 +130,11 @@ class HttpServer:
         factory = functools.partial(LimitedRequestHandler, self._runner.server, loop=loop, limiter=self.limiter,
                                     stats=self.stats, report=self.report, limits=self.limits,
                                     access_log=self.access_log)
+        # TLS: a handshake must complete within the header timeout (the limiter counts connections only after it).
+        tls = {} if self.tls is None else {"ssl": self.tls.server_context(),
+                                           "ssl_handshake_timeout": self.limits.header_timeout}
         self._server = await loop.create_server(factory, self.host or None, self.requested_port,
-                                                backlog=self.limits.backlog, reuse_address=True)
+                                                backlog=self.limits.backlog, reuse_address=True, **tls)
 
     @property
     def port(self) -> int:

@@ -1,0 +1,295 @@
+"""``--web-config-file``: TLS and basic authentication, in the Prometheus exporter-toolkit format.
+
+The file node_exporter reads with ``--web.config.file`` (exporter-toolkit docs/web-configuration.md):
+
+* ``tls_server_config``: ``cert_file``, ``key_file``, ``client_ca_file``, ``client_auth_type``
+  (NoClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert), ``min_version``/``max_version``
+  (TLS12, TLS13). Relative paths are relative to the web config file's directory.
+* ``basic_auth_users``: user -> bcrypt hash; every path then needs one of them (as node_exporter).
+
+Refused at start, naming the key: any other key, the inline ``cert``/``key``/``client_ca``, ``cipher_suites``,
+``curve_preferences``, ``prefer_server_cipher_suites``, ``client_allowed_sans``, ``http_server_config``,
+``rate_limit``, and RequestClientCert/RequireAnyClientCert (Python's ssl verifies every certificate it requests).
+
+The file itself is read once at start; the certificate, key and client CA files are re-read when they change
+(checked on a new connection, at most every :data:`RELOAD_CHECK_SECONDS`), so cert-manager rotations apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import re
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import bcrypt
+import yaml
+from aiohttp import web
+
+from exporter.shell.config import ConfigError
+
+log = logging.getLogger("kube_gpu_exporter.http")
+
+RELOAD_CHECK_SECONDS = 2.0
+AUTH_CACHE_SECONDS = 60.0  # a successful bcrypt verification is remembered this long
+AUTH_CACHE_MAX = 64
+TLS_KEYS = frozenset({"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version"})
+UNSUPPORTED = {
+    "http_server_config": "HTTP/2 and custom headers are not supported",
+    "rate_limit": "rate limiting is not supported",
+    "cert": "inline certificates are not supported: use cert_file",
+    "key": "inline keys are not supported: use key_file",
+    "client_ca": "an inline client CA is not supported: use client_ca_file",
+    "cipher_suites": "cipher suites are not configurable (OpenSSL's defaults apply)",
+    "curve_preferences": "curves are not configurable (OpenSSL's defaults apply)",
+    "prefer_server_cipher_suites": "cipher suites are not configurable (OpenSSL's defaults apply)",
+    "client_allowed_sans": "client SAN allowlists are not supported",
+}
+VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+               "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
+UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert")
+_BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
+# Checked against for unknown users, so a wrong user name costs as long as a wrong password.
+_DUMMY_HASH = b"$2b$10$KyjVSoKu/WSK7bGvmJFxNuzRzqDl1JH9CBAJ4JxPD9SEcqmRCF.WC"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """``tls_server_config``, resolved: absolute paths, ssl constants."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+    verify_mode: ssl.VerifyMode = ssl.CERT_NONE
+    min_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_2
+    max_version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.cert_file, self.key_file) + ((self.client_ca_file,) if self.client_ca_file else ())
+
+    def context(self) -> ssl.SSLContext:
+        """A server context from the files as they are now (raises OSError, ssl.SSLError)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version, ctx.maximum_version = self.min_version, self.max_version
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        ctx.verify_mode = self.verify_mode
+        if self.client_ca_file is not None:
+            ctx.load_verify_locations(cafile=self.client_ca_file)
+        return ctx
+
+
+@dataclass(frozen=True, slots=True)
+class WebConfig:
+    """The parsed web configuration file; ``context`` is the TLS context built at load (None: plain HTTP)."""
+
+    path: str
+    tls: TlsSettings | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)
+    context: ssl.SSLContext | None = None
+
+
+def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
+    """Read and check the file, load its certificates once; raises ConfigError naming ``source``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{source} {path}: cannot read it: {e}") from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} {path}: must be a mapping, got {type(data).__name__}")
+    _refuse_keys(data, {"tls_server_config", "basic_auth_users"}, f"{source} {path}")
+    tls = _tls(data.get("tls_server_config"), Path(path).parent, f"{source} {path}: tls_server_config")
+    users = _users(data.get("basic_auth_users"), f"{source} {path}: basic_auth_users")
+    context = None
+    if tls is not None:
+        try:
+            context = tls.context()
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"{source} {path}: cannot load the certificate: {e}") from None
+    return WebConfig(path, tls, users, context)
+
+
+def _refuse_keys(data: Mapping, known: frozenset[str] | set[str], where: str) -> None:
+    for key in data:
+        if key in UNSUPPORTED:
+            raise ConfigError(f"{where}: {key!r} is not supported: {UNSUPPORTED[key]}")
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+
+
+def _tls(section: object, base: Path, where: str) -> TlsSettings | None:
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    _refuse_keys(section, TLS_KEYS, where)
+    for key, value in section.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+    if not section.get("cert_file") or not section.get("key_file"):
+        raise ConfigError(f"{where}: cert_file and key_file are required")
+    auth = section.get("client_auth_type") or "NoClientCert"
+    if auth in UNVERIFIED_AUTH:
+        raise ConfigError(f"{where}: client_auth_type {auth} is not supported (Python's ssl verifies every client "
+                          "certificate it asks for): use VerifyClientCertIfGiven or RequireAndVerifyClientCert")
+    if auth not in CLIENT_AUTH:
+        raise ConfigError(f"{where}: client_auth_type must be one of {', '.join(CLIENT_AUTH)}, got {auth!r}")
+    ca = section.get("client_ca_file") or None
+    if ca and auth == "NoClientCert":
+        raise ConfigError(f"{where}: client_ca_file is set but client_auth_type is NoClientCert")
+    if not ca and auth != "NoClientCert":
+        raise ConfigError(f"{where}: client_auth_type {auth} needs client_ca_file")
+    versions = []
+    for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        name = section.get(key) or default
+        if name not in VERSIONS:
+            raise ConfigError(f"{where}: {key} must be TLS12 or TLS13, got {name!r}")
+        versions.append(VERSIONS[name])
+    if versions[0] > versions[1]:
+        raise ConfigError(f"{where}: min_version is above max_version")
+    return TlsSettings(base / section["cert_file"], base / section["key_file"], base / ca if ca else None,
+                       CLIENT_AUTH[auth], versions[0], versions[1])
+
+
+def _users(section: object, where: str) -> dict[str, bytes]:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: must be a mapping of user names to bcrypt hashes")
+    users: dict[str, bytes] = {}
+    for user, hashed in section.items():
+        if not isinstance(user, str) or not user or ":" in user:
+            raise ConfigError(f"{where}: user names are non-empty strings without ':', got {user!r}")
+        if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
+            raise ConfigError(f"{where}: the password of {user!r} must be a bcrypt hash ($2y$10$...)")
+        users[user] = hashed.encode()
+    return users
+
+
+class TlsReloader:
+    """Hands every new connection a context from the current certificate files.
+
+    :meth:`server_context` is the context for ``create_server``; its ``sni_callback`` (called for every
+    handshake) switches the connection to :meth:`current`, rebuilt when a file's mtime, size or inode changed.
+    """
+
+    def __init__(self, settings: TlsSettings, initial: ssl.SSLContext | None = None,
+                 clock: Callable[[], float] = time.monotonic, interval: float = RELOAD_CHECK_SECONDS) -> None:
+        self.settings, self._clock, self._interval = settings, clock, interval
+        self._stamps = self._read_stamps()
+        self._current = initial if initial is not None else settings.context()
+        self._checked = clock()
+        self.reloads = 0
+        self._base = self._current  # every handshake starts on it; _on_hello moves it to the current one
+        self._base.sni_callback = self._on_hello
+
+    def server_context(self) -> ssl.SSLContext:
+        return self._base
+
+    def _read_stamps(self) -> tuple[tuple[int, int, int] | None, ...]:
+        stamps = []
+        for f in self.settings.files:
+            try:
+                st = os.stat(f)
+            except OSError:
+                stamps.append(None)
+            else:
+                stamps.append((st.st_mtime_ns, st.st_size, st.st_ino))
+        return tuple(stamps)
+
+    def current(self) -> ssl.SSLContext:
+        """The newest context; a failed reload keeps the previous one (logged once per change)."""
+        now = self._clock()
+        if now - self._checked >= self._interval:
+            self._checked = now
+            stamps = self._read_stamps()
+            if stamps != self._stamps:
+                self._stamps = stamps
+                try:
+                    self._current = self.settings.context()
+                except (OSError, ssl.SSLError) as e:
+                    log.error("TLS certificate not reloaded, keeping the previous one: %s", e)
+                else:
+                    self.reloads += 1
+                    log.info("TLS certificate reloaded from %s", self.settings.cert_file)
+        return self._current
+
+    def _on_hello(self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
+                  ctx: ssl.SSLContext) -> None:
+        current = self.current()
+        if current is not conn.context:
+            conn.context = current
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BasicAuth:
+    """HTTP basic authentication against bcrypt hashes; successes are cached by a hash of the credentials."""
+
+    def __init__(self, users: Mapping[str, bytes], clock: Callable[[], float] = time.monotonic,
+                 ttl: float = AUTH_CACHE_SECONDS) -> None:
+        self.users, self._clock, self._ttl = dict(users), clock, ttl
+        self._cache: dict[bytes, float] = {}  # sha256 of "user:password" -> expiry
+        self._bcrypt_slots = asyncio.Semaphore(2)  # failures cost a bcrypt each: at most 2 cores' worth
+        self.checks = 0  # bcrypt verifications made (tests)
+
+    def _decode(self, header: str | None) -> tuple[str, bytes] | None:
+        scheme, _, token = (header or "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            raw = base64.b64decode(token.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        user, sep, password = raw.partition(b":")
+        if not sep:
+            return None
+        return user.decode("utf-8", "replace"), password
+
+    async def allowed(self, header: str | None) -> bool:
+        """Whether the ``Authorization`` header names a user with its password."""
+        creds = self._decode(header)
+        if creds is None:
+            return False
+        user, password = creds
+        key = hashlib.sha256(user.encode() + b"\0" + password).digest()
+        now = self._clock()
+        if self._cache.get(key, 0.0) > now:
+            return True
+        hashed = self.users.get(user)
+        async with self._bcrypt_slots:
+            self.checks += 1
+            ok = await asyncio.to_thread(_check, password, hashed or _DUMMY_HASH)
+        if not (ok and hashed is not None):
+            return False
+        if len(self._cache) >= AUTH_CACHE_MAX:
+            self._cache = {k: t for k, t in self._cache.items() if t > now}
+            if len(self._cache) >= AUTH_CACHE_MAX:
+                self._cache.clear()
+        self._cache[key] = now + self._ttl
+        return True
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every path, as node_exporter: 401 with ``WWW-Authenticate: Basic`` without valid credentials."""
+        if not await self.allowed(request.headers.get("Authorization")):
+            return web.Response(status=401, text="401 Unauthorized\n", headers={"WWW-Authenticate": "Basic"})
+        return await handler(request)
+
+
+def _check(password: bytes, hashed: bytes) -> bool:
+    try:
+        return bcrypt.checkpw(password, hashed)  # constant-time comparison of the hashes
+    except ValueError:
+        return False
