@@ -96,8 +96,9 @@ chmod +x "$(dirname "$0")/kube-gpu-exporter"
 
 
 def test_run_simulated_reinstalls_only_when_the_project_changed(tmp_path: Path) -> None:
-    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "lib").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "run-simulated.sh", tmp_path / "scripts")
+    shutil.copy(ROOT / "scripts" / "lib" / "ensure-venv.sh", tmp_path / "scripts" / "lib")
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (tmp_path / "exporter").mkdir()
     (tmp_path / "exporter" / "a.py").write_text("A = 1\n")
