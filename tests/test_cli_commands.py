@@ -14,7 +14,7 @@ from exporter import __version__
 from exporter.shell import cli
 
 ROOT = Path(__file__).resolve().parent.parent
-SUBCOMMANDS = ("rules", "alerts", "dashboards", "render")
+SUBCOMMANDS = ("rules", "alerts", "dashboards", "render", "top")
 
 
 def exporter_cli(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -34,7 +34,7 @@ def test_subcommands_are_in_the_main_usage_line(capsys: pytest.CaptureFixture[st
         cli.main(["--help"])
     out = capsys.readouterr().out
     usage = out.split("\n\n")[0]
-    assert "{rules,alerts,dashboards,render} ..." in usage, usage
+    assert "{rules,alerts,dashboards,render,top} ..." in usage, usage
     assert "--version" in usage
     for name in SUBCOMMANDS:
         assert f"\n    {name}" in out, name  # each listed with its one-line help
@@ -47,7 +47,7 @@ def test_each_subcommand_has_its_own_help(name: str, capsys: pytest.CaptureFixtu
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: kube-gpu-exporter {name} "), out[:200]
-    assert "{rules,alerts,dashboards,render}" not in out  # not the main help
+    assert "{rules,alerts,dashboards,render,top}" not in out  # not the main help
 
 
 def test_render_help_describes_render(capsys: pytest.CaptureFixture[str]) -> None:

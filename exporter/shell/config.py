@@ -141,6 +141,7 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
     "alerts": ("exporter.bundle.alerts.cli", "render the alerting rules"),
     "dashboards": ("exporter.bundle.dashboards.cli", "render the Grafana dashboards"),
     "render": (None, "run one sampling cycle, print the exposition and exit (the exporter's flags)"),
+    "top": ("exporter.shell.top", "a refreshing terminal view of an exporter's /status.json (extra: top)"),
 }
 
 

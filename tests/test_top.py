@@ -1,0 +1,328 @@
+"""``kube-gpu-exporter top``: the pure rows (exporter/shell/top_rows.py), the Textual app driven by its Pilot
+against a local HTTP server (top_app.py), the error paths and the message without textual (top.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from exporter.exposition.status import status_json, status_view
+from exporter.shell import cli, top
+from exporter.shell.cli import build_daemon
+from exporter.shell.config import SUBCOMMANDS, load_config
+from exporter.shell.top_rows import FetchError, build_view, fetch_status, status_url
+
+ROOT = Path(__file__).resolve().parent.parent
+MIXED = ROOT / "examples" / "mixed-4gpu-node.yaml"
+MIG = ROOT / "examples" / "mig-a100-node.yaml"
+
+
+def status_of(scenario: Path) -> dict:
+    """The served status tree of one simulated cycle, as /status.json has it."""
+    daemon = build_daemon(load_config(["--simulate", str(scenario)]))
+    try:
+        snapshot, _ = daemon.pipeline.step()
+    finally:
+        daemon.close()
+    return json.loads(status_json(status_view(snapshot.status, snapshot.body, snapshot.built_at + 2, True)))
+
+
+@pytest.fixture(scope="module")
+def mixed() -> dict:
+    return status_of(MIXED)
+
+
+def test_rows_of_the_mixed_node(mixed: dict) -> None:
+    view = build_view(mixed)
+    assert view.message == "" and view.header.startswith(f"node {mixed['node']} | ready | age 2.0s | NVML up")
+    assert [r[0] for r in view.gpus] == ["0", "1", "2", "3"]
+    assert [r[3] for r in view.gpus] == ["exclusive", "exclusive", "share", "exclusive"]
+    gpu = mixed["gpus"][2]
+    assert view.gpus[2][4] == f"{gpu['utilization_percent']:.0f}"
+    assert view.gpus[2][8] == str(gpu["temperature_celsius"])
+    rows = {r[2]: r for r in view.containers}
+    infer, trainer = rows["infer-a-7c6b5d4f3-qwert"], rows["trainer-5d8f7c9b4-x2k9p"]
+    assert infer[:2] == ("2", "serving") and infer[4:] == ("share", "hami", "30", "22", "19.5", "18.0")
+    assert trainer[4:7] == ("exclusive", "nvidia", "100") and trainer[8] == "80.0"
+    assert rows["nightly-eval-29012345-k7m2p"][0] == "3"
+    assert view.unaccounted == [("2", "2003", "5", "2.0", "-", "-", "-")]  # ollama on the host
+    assert view.xids == []
+
+
+def test_rows_of_the_mig_node() -> None:
+    view = build_view(status_of(MIG))
+    labels = [r[0] for r in view.gpus]
+    assert labels == ["0", "0/MIG 3g.40gb GI 2", "0/MIG 2g.20gb GI 3", "0/MIG 2g.20gb GI 4", "1"]
+    by_pod = {r[2]: r for r in view.containers}
+    assert by_pod["train-large-0"][0] == "0/MIG 3g.40gb GI 2" and by_pod["train-large-0"][7] == "-"  # no MIG SM use
+    assert by_pod["notebook-ana"][0] == "1"
+
+
+def test_rows_of_odd_trees(mixed: dict) -> None:
+    assert build_view({"ready": False, "node": None, "gpus": [], "subsystems": None}).message.startswith(
+        "the exporter has not published")
+    assert build_view({**mixed, "gpus": [], "unplaced": []}).message == f"no GPUs on node {mixed['node']}"
+    assert "not a kube-gpu-exporter status" in build_view({"hello": 1}).message
+    xids = build_view({**mixed, "gpus": [{**mixed["gpus"][0], "xids": [{"xid": 79, "count": 2, "severity": "node",
+                                                                          "meaning": "fell off\nthe bus"}]}]}).xids
+    assert xids == [("0", "79", "2", "node", "fell off the bus")]
+
+
+def test_status_url() -> None:
+    assert status_url("http://h:9400") == "http://h:9400/status.json"
+    assert status_url("h:9400/") == "http://h:9400/status.json"
+    assert status_url("http://h/x/status.json") == "http://h/x/status.json"
+
+
+class Server:
+    """A local HTTP server whose /status.json body (and status code) the test sets."""
+
+    def __init__(self) -> None:
+        self.body, self.code = b"{}", 200
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(outer.code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+
+
+def test_fetch_errors(server: Server) -> None:
+    server.body = b"<html>"
+    with pytest.raises(FetchError, match="not JSON"):
+        fetch_status(server.url, 2)
+    server.body = b"[1]"
+    with pytest.raises(FetchError, match="not a status tree"):
+        fetch_status(server.url, 2)
+    server.code, server.body = 503, b"{}"
+    with pytest.raises(FetchError, match="HTTP 503"):
+        fetch_status(server.url, 2)
+    with pytest.raises(FetchError, match="unreachable"):
+        fetch_status("http://127.0.0.1:1", 2)
+
+
+def _cells(app, table_id: str) -> list[list[str]]:
+    from textual.widgets import DataTable
+    table = app.query_one(f"#{table_id}", DataTable)
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+def _text(app, widget_id: str) -> str:
+    from textual.widgets import Static
+    return str(app.query_one(f"#{widget_id}", Static).render())
+
+
+def test_app_shows_the_node_and_survives_errors(server: Server, mixed: dict) -> None:
+    pytest.importorskip("textual")
+    from exporter.shell.top_app import TopApp
+
+    server.body = json.dumps(mixed).encode()
+
+    async def drive() -> None:
+        app = TopApp(server.url, interval=60, timeout=2)
+        async with app.run_test(size=(200, 60)) as pilot:
+            await pilot.press("r")
+            await pilot.pause()
+            pods = [row[2] for row in _cells(app, "containers")]
+            assert "infer-a-7c6b5d4f3-qwert" in pods and "trainer-5d8f7c9b4-x2k9p" in pods
+            infer = next(r for r in _cells(app, "containers") if r[2] == "infer-a-7c6b5d4f3-qwert")
+            assert infer[4:8] == ["share", "hami", "30", "22"]
+            assert [r[0] for r in _cells(app, "gpus")] == ["0", "1", "2", "3"]
+            assert _cells(app, "unaccounted")[0][1] == "2003"
+            assert mixed["node"] in _text(app, "header") and _text(app, "message") == ""
+
+            server.body = b"not json"
+            await pilot.press("r")
+            await pilot.pause()
+            assert "not JSON" in _text(app, "message") and app.last_error
+            assert len(_cells(app, "containers")) >= 2  # the last tables stay
+
+            server.body = json.dumps({**mixed, "gpus": [], "unplaced": []}).encode()
+            await pilot.press("r")
+            await pilot.pause()
+            assert _text(app, "message") == f"no GPUs on node {mixed['node']}" and _cells(app, "gpus") == []
+            await pilot.press("q")
+        assert app.return_code == 0
+
+    asyncio.run(drive())
+
+
+def test_app_on_an_unreachable_url() -> None:
+    pytest.importorskip("textual")
+    from exporter.shell.top_app import TopApp
+
+    async def drive() -> None:
+        app = TopApp("http://127.0.0.1:1", interval=60, timeout=1)
+        async with app.run_test() as pilot:
+            await pilot.press("r")
+            await pilot.pause()
+            assert "unreachable" in _text(app, "message")
+            await pilot.press("q")
+
+    asyncio.run(drive())
+
+
+def test_without_textual_top_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "textual", None)  # import textual -> ImportError
+    monkeypatch.delitem(sys.modules, "exporter.shell.top_app", raising=False)
+    for name in [m for m in sys.modules if m.startswith("textual.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert cli.main(["top", "--url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "kube-gpu-exporter top: needs textual: pip install 'kube-gpu-exporter[top]'\n"
+
+
+def test_top_is_a_subcommand_with_its_own_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert SUBCOMMANDS["top"][0] == top.__name__
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["top", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: kube-gpu-exporter top ") and "--interval" in out and "--url" in out
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["top", "--interval", "0"])
+    assert exit_.value.code == 2
+
+
+def test_the_daemon_does_not_import_textual() -> None:
+    import subprocess
+    code = ("import sys, exporter.shell.cli, exporter.shell.top, exporter.shell.top_rows; "
+            "print(any(m == 'textual' or m.startswith('textual.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def _vector(*samples: tuple[dict[str, str], float]) -> dict:
+    return {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": m, "value": [1700000000.0, str(v)]} for m, v in samples]}}
+
+
+GI = 1024**3
+PROM = {
+    "workload_used": _vector(({"namespace_name": "ml", "workload_kind": "Deployment", "workload_name": "trainer"}, 93),
+                             ({"namespace_name": "serving", "workload_kind": "Deployment", "workload_name": "infer-a"},
+                              22)),
+    "workload_memory": _vector(({"namespace_name": "ml", "workload_kind": "Deployment", "workload_name": "trainer"},
+                                60 * GI),),
+    "namespace_used": _vector(({"namespace_name": "serving"}, 63), ({"namespace_name": "ml"}, 93)),
+    "namespace_memory": _vector(({"namespace_name": "ml"}, 60 * GI),),
+    "node_capacity": _vector(({"node_name": "gpu-a"}, 400), ({"node_name": "gpu-b"}, 100)),
+    "node_used": _vector(({"node_name": "gpu-a"}, 160), ({"node_name": "gpu-b"}, 0)),
+    "node_allocated": _vector(({"node_name": "gpu-a"}, 320), ({"node_name": "gpu-b"}, 100)),
+    "node_memory": _vector(({"node_name": "gpu-a"}, 100 * GI),),
+    "node_allocated_memory": _vector(({"node_name": "gpu-a"}, 200 * GI),),
+    "cluster_used": _vector(({}, 32),),
+    "cluster_request": _vector(({}, 84),),
+    "cluster_total": _vector(({}, 500),),
+    "idle": _vector(({"node_name": "gpu-b", "namespace_name": "batch", "pod_name": "nightly-eval-0",
+                      "container_name": "eval"}, 100),),
+}
+
+
+class FakePrometheus(Server):
+    """/api/v1/query answering each query of top_prom.QUERIES with PROM's vector."""
+
+    def __init__(self) -> None:
+        from urllib.parse import parse_qs, urlparse
+
+        from exporter.shell.top_prom import QUERIES
+        by_query = {q: json.dumps(PROM[name]).encode() for name, q in QUERIES.items()}
+        super().__init__()
+        outer = self
+
+        def body_for(path: str) -> bytes:
+            url = urlparse(path)
+            if url.path != "/api/v1/query":
+                return b"404"
+            return by_query.get(parse_qs(url.query)["query"][0], json.dumps(_vector()).encode())
+
+        self.body_for = body_for
+
+        class Handler(self.httpd.RequestHandlerClass):  # type: ignore[misc,name-defined]
+            def do_GET(self) -> None:
+                outer.body = outer.body_for(self.path) if outer.code == 200 else outer.body
+                super().do_GET()
+
+        self.httpd.RequestHandlerClass = Handler
+
+
+@pytest.fixture
+def prometheus() -> Iterator[FakePrometheus]:
+    s = FakePrometheus()
+    yield s
+    s.httpd.shutdown()
+    s.httpd.server_close()
+
+
+def test_cluster_rows(prometheus: FakePrometheus) -> None:
+    from exporter.shell.top_prom import build_cluster_view, fetch_cluster
+    view = build_cluster_view(fetch_cluster(prometheus.url, 2))
+    assert view.header == "cluster: 5 healthy GPUs | used 32% | allocated 84% | 1 idle allocations"
+    assert view.message == ""
+    assert view.workloads == [("ml", "Deployment", "trainer", "93", "60.0"),
+                              ("serving", "Deployment", "infer-a", "22", "-")]
+    assert view.namespaces == [("ml", "93", "60.0"), ("serving", "63", "-")]
+    assert view.nodes == [("gpu-a", "4", "160", "320", "50", "100.0", "200.0"),
+                          ("gpu-b", "1", "0", "100", "0", "-", "-")]
+    assert view.idle == [("gpu-b", "batch", "nightly-eval-0", "eval", "100")]
+    assert "no kube-gpu-exporter recorded series" in build_cluster_view({}).message
+
+
+def test_cluster_fetch_errors(server: Server) -> None:
+    from exporter.shell.top_prom import query
+    server.body = b'{"status": "error", "error": "parse error"}'
+    with pytest.raises(FetchError, match="query failed: parse error"):
+        query(server.url, "up", 2)
+    server.body = b"{}"
+    with pytest.raises(FetchError, match="not a Prometheus"):
+        query(server.url, "up", 2)
+    with pytest.raises(FetchError, match="unreachable"):
+        query("http://127.0.0.1:1", "up", 2)
+
+
+def test_cluster_app(prometheus: FakePrometheus) -> None:
+    pytest.importorskip("textual")
+    from exporter.shell.top_app import ClusterApp
+
+    async def drive() -> None:
+        app = ClusterApp(prometheus.url, interval=60, timeout=2)
+        async with app.run_test(size=(200, 60)) as pilot:
+            await pilot.press("r")
+            await pilot.pause()
+            assert [r[2] for r in _cells(app, "workloads")] == ["trainer", "infer-a"]
+            assert _cells(app, "nodes")[0] == ["gpu-a", "4", "160", "320", "50", "100.0", "200.0"]
+            assert _cells(app, "idle")[0][2] == "nightly-eval-0"
+            assert "5 healthy GPUs" in _text(app, "header")
+            prometheus.code, prometheus.body = 502, b"bad gateway"
+            await pilot.press("r")
+            await pilot.pause()
+            assert "HTTP 502" in _text(app, "message")
+            await pilot.press("q")
+
+    asyncio.run(drive())
