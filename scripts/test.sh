@@ -12,6 +12,7 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertman
 command -v vmalert >/dev/null 2>&1 || need+=(victoria-metrics)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing apt packages: ${need[*]}"
   # Keep Debian's init scripts from starting Prometheus/Alertmanager/VictoriaMetrics on their default ports.
