@@ -262,6 +262,12 @@ def test_malformed_web_config_from_the_environment_exits_2(tmp_path: Path):
                           "tls_server_config: must be a mapping\n")
 
 
+def test_a_nul_in_the_path_is_a_config_error_not_a_crash():
+    # found by tests/test_scenario_properties.py's hypothesis run: pathlib raises ValueError on a NUL
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_config(["--web-config-file", "web\x00.yml"])
+
+
 def test_empty_web_config_is_plain_http(tmp_path: Path):
     path = tmp_path / "web.yml"
     path.write_text("")

@@ -102,7 +102,7 @@ def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
     """Read and check the file, load its certificates once; raises ConfigError naming ``source``."""
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeError, yaml.YAMLError) as e:
+    except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: a NUL in the path (UnicodeError is one)
         raise ConfigError(f"{source} {path}: cannot read it: {e}") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
@@ -114,7 +114,7 @@ def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
     if tls is not None:
         try:
             context = tls.context()
-        except (OSError, ssl.SSLError) as e:
+        except (OSError, ValueError, ssl.SSLError) as e:  # ValueError: a NUL in a certificate path
             raise ConfigError(f"{source} {path}: cannot load the certificate: {e}") from None
     return WebConfig(path, tls, users, context)
 
