@@ -328,3 +328,19 @@ def test_unreadable_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], word: str) -> None:
     rc, err = run_main(capsys, *argv)
     assert_one_line_error(rc, err, word)
+
+
+def test_a_nul_in_the_scenario_path_is_one_line(capsys) -> None:
+    from exporter.shell import cli
+
+    assert cli.main(["--simulate", "x\x00y.yaml", "--listen", f"127.0.0.1:{_free_port_for_nul()}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read scenario" in err and "Traceback" not in err
+
+
+def _free_port_for_nul() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

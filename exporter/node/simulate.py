@@ -334,6 +334,8 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"cannot read scenario {path}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    except ValueError as e:  # a NUL in the path
+        raise ScenarioError(f"cannot read scenario {path!r}: {e}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
