@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
-from exporter.shell.top_rows import GIB, MAX_BODY, FetchError, Row
+from exporter.shell.top_rows import GIB, FetchError, Row, get_body
 
 TOP = 10  # rows per ranking
 IDLE_BELOW = 1.0  # % of one GPU: an allocated container using less is idle
@@ -61,15 +61,7 @@ def query(base: str, promql: str, timeout: float) -> list[tuple[dict[str, str], 
     if "://" not in base:
         base = "http://" + base
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            body = resp.read(MAX_BODY + 1)
-    except urllib.error.HTTPError as e:
-        raise FetchError(f"{base}: HTTP {e.code} {e.reason} for {promql}") from None
-    except urllib.error.URLError as e:
-        raise FetchError(f"{base}: unreachable: {e.reason}") from None
-    except (TimeoutError, OSError, ValueError) as e:
-        raise FetchError(f"{base}: {type(e).__name__}: {e}") from None
+    body = get_body(url, base, timeout, f" for {promql}")
     try:
         data = json.loads(body)
         if not isinstance(data, dict) or data.get("status") not in ("success", "error"):

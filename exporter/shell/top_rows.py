@@ -48,20 +48,27 @@ def status_url(url: str) -> str:
     return url if url.rstrip("/").endswith("/status.json") else url.rstrip("/") + "/status.json"
 
 
+def get_body(url: str, shown: str, timeout: float, context: str = "") -> bytes:
+    """GET ``url`` (at most MAX_BODY bytes) within ``timeout``; FetchError with a one-line reason
+    starting with ``shown`` (``context`` follows an HTTP error, e.g. the query that failed)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read(MAX_BODY + 1)
+    except urllib.error.HTTPError as e:
+        raise FetchError(f"{shown}: HTTP {e.code} {e.reason}{context}") from None
+    except urllib.error.URLError as e:
+        raise FetchError(f"{shown}: unreachable: {e.reason}") from None
+    except (TimeoutError, OSError, ValueError) as e:
+        raise FetchError(f"{shown}: {type(e).__name__}: {e}") from None
+    if len(body) > MAX_BODY:
+        raise FetchError(f"{shown}: response larger than {MAX_BODY} bytes")
+    return body
+
+
 def fetch_status(url: str, timeout: float) -> dict[str, Any]:
     """GET ``url``'s status tree within ``timeout`` seconds; raises FetchError with a one-line reason."""
     target = status_url(url)
-    try:
-        with urllib.request.urlopen(target, timeout=timeout) as resp:
-            body = resp.read(MAX_BODY + 1)
-    except urllib.error.HTTPError as e:
-        raise FetchError(f"{target}: HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise FetchError(f"{target}: unreachable: {e.reason}") from None
-    except (TimeoutError, OSError, ValueError) as e:
-        raise FetchError(f"{target}: {type(e).__name__}: {e}") from None
-    if len(body) > MAX_BODY:
-        raise FetchError(f"{target}: response larger than {MAX_BODY} bytes")
+    body = get_body(target, target, timeout)
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
