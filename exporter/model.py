@@ -36,6 +36,62 @@ class UtilSample:
 
 
 @dataclass(frozen=True, slots=True)
+class NvLinkSample:
+    """One NVLink of a GPU as NVML reports it. ``None`` = not supported / not read."""
+
+    link: int  # link index, 0 .. NVML_NVLINK_MAX_LINKS-1
+    active: bool | None = None  # nvmlDeviceGetNvLinkState
+    tx_bytes: int | None = None  # data bytes sent since driver load (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)
+    rx_bytes: int | None = None  # data bytes received since driver load (..._DATA_RX)
+    crc_errors: int | None = None  # NVML_NVLINK_ERROR_DL_CRC_FLIT
+    replay_errors: int | None = None  # NVML_NVLINK_ERROR_DL_REPLAY
+    recovery_errors: int | None = None  # NVML_NVLINK_ERROR_DL_RECOVERY
+
+
+@dataclass(frozen=True, slots=True)
+class GpmSample:
+    """GPM profiling ratios (0..1) over the last sampling period; Hopper and newer only."""
+
+    graphics_active: float | None = None  # NVML_GPM_METRIC_GRAPHICS_UTIL / 100
+    sm_active: float | None = None  # NVML_GPM_METRIC_SM_UTIL / 100
+    sm_occupancy: float | None = None  # NVML_GPM_METRIC_SM_OCCUPANCY / 100
+    tensor_active: float | None = None  # NVML_GPM_METRIC_ANY_TENSOR_UTIL / 100
+    dram_active: float | None = None  # NVML_GPM_METRIC_DRAM_BW_UTIL / 100
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """The card's health and power signals (read on the physical GPU, repeated on its MIG devices).
+
+    ``None`` = not supported or not read this cycle; ``gpm`` is ``None`` where the device has no
+    GPM (before Hopper) or before the second sample, never zeros.
+    """
+
+    energy_millijoules: int | None = None  # since driver load
+    power_limit_milliwatts: int | None = None  # enforced limit
+    fan_speed_percent: int | None = None
+    performance_state: int | None = None  # 0 (P0, max) .. 15
+    memory_temperature_celsius: int | None = None
+    pcie_tx_kilobytes_per_second: int | None = None
+    pcie_rx_kilobytes_per_second: int | None = None
+    pcie_replay_count: int | None = None
+    pcie_link_generation: int | None = None
+    pcie_link_width: int | None = None
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: int | None = None  # 0/1
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: int | None = None  # 0/1: reset the GPU to apply
+    remapped_rows_failure: int | None = None  # 0/1: a remap failed, replace the GPU
+    nvlinks: tuple[NvLinkSample, ...] = ()
+    gpm: GpmSample | None = None
+
+
+NO_HEALTH = DeviceHealth()
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """What one sampling cycle read from one GPU. ``None`` = not supported / not read."""
 
@@ -47,6 +103,7 @@ class DeviceSample:
     lost: bool = False  # NVML_ERROR_GPU_IS_LOST seen: values below are absent
     memory_total_bytes: int | None = None
     memory_used_bytes: int | None = None
+    memory_reserved_bytes: int | None = None  # nvmlMemory_v2_t.reserved (driver and firmware)
     utilization_gpu: int | None = None
     utilization_memory: int | None = None
     power_usage_milliwatts: int | None = None
@@ -70,6 +127,7 @@ class DeviceSample:
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
     mig_profile: str = ""
+    health: DeviceHealth = NO_HEALTH
 
     def without_values(self, *, lost: bool) -> DeviceSample:
         """The same device (identity, MIG identity included) with nothing read this cycle."""
