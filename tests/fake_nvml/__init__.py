@@ -25,17 +25,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.fake_nvml.checks import FakeNvmlError, as_int, as_seq, as_text, check_keys
+from tests.fake_nvml.health_config import HEALTH_KEYS, health_lines, reserved_lines
+
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 LIBRARY_NAME = "libnvidia-ml.so.1"
 CONFIG_ENV = "FAKE_NVML_CONFIG"
 TICK_US = 1_000_000  # util sample timeStamp of tick t is t * TICK_US, as in exporter/node/simulate.py
 UTIL_BUFFER_TICKS = 8  # ticks of util samples the fake keeps, like the driver's bounded buffer
 
-# not_supported names, shared with exporter/node/simulate.py
+# not_supported names, shared with exporter/node/simulate.py: the health keys are names too
 NOT_SUPPORTED_NAMES = frozenset({
     "power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
     "clocks_event_reasons", "process_utilization", "memory",
-})
+}) | HEALTH_KEYS
 # not_supported names of the fake alone: NVML calls the simulated node does not stand in for
 FAKE_ONLY_NOT_SUPPORTED = frozenset({"events", "mig"})
 # scenario device key -> config key for the plain integer values
@@ -44,22 +47,18 @@ _DEVICE_INTS = (
     "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "encoder_utilization",
     "decoder_utilization", "ecc_corrected", "ecc_uncorrected", "clocks_event_reasons",
 )
-_DEVICE_KEYS = frozenset(_DEVICE_INTS) | {
+_DEVICE_KEYS = frozenset(_DEVICE_INTS) | HEALTH_KEYS | {
     "uuid", "name", "minor_number", "pci_bus_id", "memory_used_bytes", "processes", "not_supported",
     "lost_after_ticks", "process_growth", "xid_events", "mig_devices",
 }
 # the keys of a MIG device, as exporter/node/simulate.py reads them
 _MIG_KEYS = frozenset({"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
-                       "memory_used_bytes", "processes"})
+                       "memory_used_bytes", "memory_reserved_bytes", "processes"})
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
 _NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock", "timestamps",
                         "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
 _TOP_KEYS = frozenset({"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml",
                        "description", "resource_slices", "resource_claims"})
-
-
-class FakeNvmlError(RuntimeError):
-    """The fake library cannot be built, or a scenario cannot be converted."""
 
 
 # ---- build ----------------------------------------------------------------------------------
@@ -88,8 +87,8 @@ def build_fake_nvml(dest_dir: Path, *, old_driver: bool = False) -> Path:
     Builds are cached by a hash of the source, flags and compiler, in a per-user temp
     directory, so a test session compiles each variant once. ``old_driver`` builds the
     variant without the symbols drivers before 510 lack (``*_v3`` process lists,
-    ``nvmlDeviceGetCurrentClocksEventReasons``). Put the two variants in different
-    directories: both must be named ``libnvidia-ml.so.1``.
+    ``nvmlDeviceGetCurrentClocksEventReasons``, ``nvmlDeviceGetMemoryInfo_v2``, ``nvmlGpm*``).
+    Put the two variants in different directories: both must be named ``libnvidia-ml.so.1``.
     """
     cc = _compiler()
     flags = _flags(old_driver)
@@ -120,77 +119,50 @@ def build_fake_nvml(dest_dir: Path, *, old_driver: bool = False) -> Path:
 
 # ---- scenario -> config ---------------------------------------------------------------------
 
-def _int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FakeNvmlError(f"{where}: expected a non-negative integer, got {value!r}")
-    return value
-
-
-def _text(value: object, where: str) -> str:
-    if not isinstance(value, str) or "\n" in value or not value.strip():
-        raise FakeNvmlError(f"{where}: expected a one-line string, got {value!r}")
-    return value
-
-
-def _check_keys(obj: object, allowed: frozenset[str], where: str) -> Mapping[str, Any]:
-    if not isinstance(obj, Mapping):
-        raise FakeNvmlError(f"{where}: expected a mapping, got {type(obj).__name__}")
-    extra = sorted(set(obj) - allowed)
-    if extra:
-        raise FakeNvmlError(f"{where}: unknown key(s) {', '.join(map(str, extra))}")
-    return obj
-
-
-def _seq(value: object, where: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise FakeNvmlError(f"{where}: expected a list, got {type(value).__name__}")
-    return value
-
-
 def _device_lines(raw: object, index: int) -> list[str]:
     where = f"devices[{index}]"
-    d = _check_keys(raw, _DEVICE_KEYS, where)
+    d = check_keys(raw, _DEVICE_KEYS, where)
     for key in ("uuid", "name"):
         if key not in d:
             raise FakeNvmlError(f"{where}: '{key}' is required")
     lines = [
         "device",
-        f"uuid {_text(d['uuid'], f'{where}.uuid')}",
-        f"name {_text(d['name'], f'{where}.name')}",
+        f"uuid {as_text(d['uuid'], f'{where}.uuid')}",
+        f"name {as_text(d['name'], f'{where}.name')}",
         # the same defaults as exporter/node/simulate.py
-        f"minor_number {_int(d.get('minor_number', index), f'{where}.minor_number')}",
-        f"pci_bus_id {_text(d.get('pci_bus_id', f'00000000:{index + 1:02X}:00.0'), f'{where}.pci_bus_id')}",
+        f"minor_number {as_int(d.get('minor_number', index), f'{where}.minor_number')}",
+        f"pci_bus_id {as_text(d.get('pci_bus_id', f'00000000:{index + 1:02X}:00.0'), f'{where}.pci_bus_id')}",
     ]
     for key in _DEVICE_INTS:
         if d.get(key) is not None:
-            lines.append(f"{key} {_int(d[key], f'{where}.{key}')}")
+            lines.append(f"{key} {as_int(d[key], f'{where}.{key}')}")
     if "memory_used_bytes" in d:  # null: NVML_VALUE_NOT_AVAILABLE (absent reads the same)
         used = d["memory_used_bytes"]
-        used_text = "NA" if used is None else str(_int(used, f"{where}.memory_used_bytes"))
+        used_text = "NA" if used is None else str(as_int(used, f"{where}.memory_used_bytes"))
         lines.append(f"memory_used_bytes {used_text}")
+    lines.extend(reserved_lines(d, where))
+    lines.extend(health_lines(d, where))
     allowed = NOT_SUPPORTED_NAMES | FAKE_ONLY_NOT_SUPPORTED
-    not_supported = _seq(d.get("not_supported"), f"{where}.not_supported")
+    not_supported = as_seq(d.get("not_supported"), f"{where}.not_supported")
     for name in not_supported:
-        if name not in allowed:
+        if not isinstance(name, str) or name not in allowed:
             raise FakeNvmlError(f"{where}.not_supported: unknown field {name!r}; "
                                 f"allowed: {', '.join(sorted(allowed))}")
         lines.append(f"not_supported {name}")
     for key in ("lost_after_ticks", "process_growth"):
         if d.get(key) is not None:
-            lines.append(f"{key} {_int(d[key], f'{where}.{key}')}")
-    for i, x in enumerate(_seq(d.get("xid_events"), f"{where}.xid_events")):
+            lines.append(f"{key} {as_int(d[key], f'{where}.{key}')}")
+    for i, x in enumerate(as_seq(d.get("xid_events"), f"{where}.xid_events")):
         xw = f"{where}.xid_events[{i}]"
-        x = _check_keys(x, frozenset({"tick", "xid"}), xw)
-        lines.append(f"xid {_int(x.get('tick'), f'{xw}.tick')} {_int(x.get('xid'), f'{xw}.xid')}")
+        x = check_keys(x, frozenset({"tick", "xid"}), xw)
+        lines.append(f"xid {as_int(x.get('tick'), f'{xw}.tick')} {as_int(x.get('xid'), f'{xw}.xid')}")
     lines.extend(_process_lines(d.get("processes"), f"{where}.processes"))
     if "mig_devices" in d:
         if d.get("processes"):
             raise FakeNvmlError(f"{where}: a GPU with mig_devices has its processes on them, not on itself")
         if "mig" in not_supported:
             raise FakeNvmlError(f"{where}: not_supported mig contradicts mig_devices")
-        migs = _seq(d["mig_devices"], f"{where}.mig_devices")
+        migs = as_seq(d["mig_devices"], f"{where}.mig_devices")
         if not migs:
             raise FakeNvmlError(f"{where}.mig_devices: MIG mode with no MIG device; leave the key out instead")
         for j, m in enumerate(migs):
@@ -200,48 +172,49 @@ def _device_lines(raw: object, index: int) -> list[str]:
 
 def _mig_lines(raw: object, where: str, card_name: str) -> list[str]:
     """A MIG device's lines; they follow its card's (``mig`` starts one)."""
-    m = _check_keys(raw, _MIG_KEYS, where)
+    m = check_keys(raw, _MIG_KEYS, where)
     for key in ("uuid", "profile"):
         if key not in m:
             raise FakeNvmlError(f"{where}: '{key}' is required")
-    uuid = _text(m["uuid"], f"{where}.uuid")
+    uuid = as_text(m["uuid"], f"{where}.uuid")
     if not uuid.startswith("MIG-"):
         raise FakeNvmlError(f"{where}.uuid: a MIG device uuid starts with MIG-, got {uuid!r}")
     # NVML names a MIG device "<card name> MIG <profile>"
-    lines = ["mig", f"uuid {uuid}", f"name {card_name} MIG {_text(m['profile'], f'{where}.profile')}"]
+    lines = ["mig", f"uuid {uuid}", f"name {card_name} MIG {as_text(m['profile'], f'{where}.profile')}"]
     for key in ("gpu_instance_id", "compute_instance_id", "memory_total_bytes"):
         if m.get(key) is not None:
-            lines.append(f"{key} {_int(m[key], f'{where}.{key}')}")
+            lines.append(f"{key} {as_int(m[key], f'{where}.{key}')}")
     if "memory_used_bytes" in m:
         used = m["memory_used_bytes"]
-        lines.append(f"memory_used_bytes {'NA' if used is None else _int(used, f'{where}.memory_used_bytes')}")
+        lines.append(f"memory_used_bytes {'NA' if used is None else as_int(used, f'{where}.memory_used_bytes')}")
+    lines.extend(reserved_lines(m, where))
     lines.extend(_process_lines(m.get("processes"), f"{where}.processes"))
     return lines
 
 
 def _process_lines(raw: object, where: str) -> list[str]:
     lines = []
-    for i, p in enumerate(_seq(raw, where)):
+    for i, p in enumerate(as_seq(raw, where)):
         pw = f"{where}[{i}]"
-        p = _check_keys(p, _PROCESS_KEYS, pw)
+        p = check_keys(p, _PROCESS_KEYS, pw)
         kind = p.get("type", "compute")
         if kind not in ("compute", "graphics", "mps"):
             raise FakeNvmlError(f"{pw}.type: must be compute, graphics or mps, got {kind!r}")
         mem = p.get("used_memory_bytes")
-        mem_text = "NA" if mem is None else str(_int(mem, f"{pw}.used_memory_bytes"))
-        lines.append(f"process {_int(p.get('pid'), f'{pw}.pid')} {mem_text} "
-                     f"{_int(p.get('sm_util', 0), f'{pw}.sm_util')} {kind}")
+        mem_text = "NA" if mem is None else str(as_int(mem, f"{pw}.used_memory_bytes"))
+        lines.append(f"process {as_int(p.get('pid'), f'{pw}.pid')} {mem_text} "
+                     f"{as_int(p.get('sm_util', 0), f'{pw}.sm_util')} {kind}")
     return lines
 
 
 def config_text(scenario: Mapping[str, Any]) -> str:
     """The fake's config for a scenario mapping (raises FakeNvmlError naming a bad key)."""
-    top = _check_keys(scenario, _TOP_KEYS, "scenario")
-    nvml = _check_keys(top.get("nvml") or {}, _NVML_KEYS, "nvml")
+    top = check_keys(scenario, _TOP_KEYS, "scenario")
+    nvml = check_keys(top.get("nvml") or {}, _NVML_KEYS, "nvml")
     lines = ["# generated by tests/fake_nvml from a scenario; see docs/testing.md", "fake_nvml_config 1"]
     if "driver_version" in nvml:
-        lines.append(f"driver_version {_text(nvml['driver_version'], 'nvml.driver_version')}")
-    lines.append(f"init_failures {_int(nvml.get('init_failures', 0), 'nvml.init_failures')}")
+        lines.append(f"driver_version {as_text(nvml['driver_version'], 'nvml.driver_version')}")
+    lines.append(f"init_failures {as_int(nvml.get('init_failures', 0), 'nvml.init_failures')}")
     lines.append(f"old_driver {1 if nvml.get('old_driver') else 0}")
     clock = nvml.get("clock", "auto")
     if clock not in ("auto", "manual"):
@@ -253,10 +226,10 @@ def config_text(scenario: Mapping[str, Any]) -> str:
     lines.append(f"timestamps {timestamps}")
     lines.append(f"growth_every_tick {1 if nvml.get('growth_every_tick') else 0}")
     if nvml.get("idle_after_ticks") is not None:
-        lines.append(f"idle_after_ticks {_int(nvml['idle_after_ticks'], 'nvml.idle_after_ticks')}")
+        lines.append(f"idle_after_ticks {as_int(nvml['idle_after_ticks'], 'nvml.idle_after_ticks')}")
     if "cuda_driver_version" in nvml:
-        lines.append(f"cuda_driver_version {_int(nvml['cuda_driver_version'], 'nvml.cuda_driver_version')}")
-    for i, d in enumerate(_seq(top.get("devices"), "devices")):
+        lines.append(f"cuda_driver_version {as_int(nvml['cuda_driver_version'], 'nvml.cuda_driver_version')}")
+    for i, d in enumerate(as_seq(top.get("devices"), "devices")):
         lines.extend(_device_lines(d, i))
     return "\n".join(lines) + "\n"
 

@@ -12,13 +12,15 @@
  * NVML_ERROR_NOT_FOUND when no utilization sample is newer than lastSeenTimeStamp, and
  * NVML_VALUE_NOT_AVAILABLE for memory the driver cannot report. MIG: a card with MIG devices is
  * in MIG mode; its MIG handles answer identity, memory, processes and instance ids, and the
- * calls NVML refuses in MIG mode return NVML's codes (see docs/testing.md, "MIG").
+ * calls NVML refuses in MIG mode return NVML's codes (see docs/testing.md, "MIG"). The health
+ * calls (energy, PCIe, retired pages, row remapping, NVLink, GPM, ...) read the scenario keys of
+ * the same names; they are grouped in one section below.
  *
  * Build: gcc -shared -fPIC -fvisibility=hidden -pthread -Wl,-soname,libnvidia-ml.so.1
  *        [-DOLD_DRIVER] -o DIR/libnvidia-ml.so.1 fake_nvml.c
  * OLD_DRIVER leaves out the symbols newer than driver 510 (the _v3 process lists,
- * nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetMemoryInfo_v2) so that dlsym fails as
- * on an old driver.
+ * nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetMemoryInfo_v2, the nvmlGpm* calls of
+ * R520) so that dlsym fails as on an old driver.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -140,6 +142,37 @@ typedef struct {
     nvmlValue_t value;
 } nvmlFieldValue_t;
 
+/* GPM (nvml.h, R520+): an opaque sample handle and the metrics request */
+struct fake_gpm_sample;
+typedef struct fake_gpm_sample *nvmlGpmSample_t;
+#define NVML_GPM_METRIC_MAX 477 /* pynvml 13's; the caller allocates the array, the fake reads numMetrics */
+#define NVML_GPM_METRICS_GET_VERSION 1u
+#define NVML_GPM_SUPPORT_VERSION 1u
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct {
+        char *shortName;
+        char *longName;
+        char *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
 typedef struct {
     nvmlDevice_t device;
     unsigned long long eventType;
@@ -160,6 +193,8 @@ typedef struct {
 #define TICK_US 1000000ULL /* sample timeStamp of tick t is t * TICK_US (as exporter/node/simulate.py) */
 #define DEFAULT_CUDA_DRIVER_VERSION 12040 /* CUDA 12.4, what driver 550 reports */
 #define CODEC_PERIOD_US 167000u
+#define NVLINK_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS of a 550 driver's nvml.h (pynvml 13 says 36) */
+#define MAX_GPM_SAMPLES 64
 
 enum field {
     F_POWER,
@@ -174,11 +209,38 @@ enum field {
     F_MEMORY,
     F_EVENTS, /* GetSupportedEventTypes without Xid, RegisterEvents NOT_SUPPORTED */
     F_MIG,    /* a board without MIG: GetMigMode NOT_SUPPORTED */
+    /* health (issue 18): the not_supported name is the scenario key */
+    F_ENERGY,
+    F_POWER_LIMIT,
+    F_FAN,
+    F_PSTATE,
+    F_MEMORY_TEMP,
+    F_MEMORY_RESERVED,
+    F_PCIE_TX,
+    F_PCIE_RX,
+    F_PCIE_REPLAY,
+    F_PCIE_GEN,
+    F_PCIE_WIDTH,
+    F_RETIRED_SBE,
+    F_RETIRED_DBE,
+    F_RETIRED_PENDING,
+    F_REMAP_CORR,
+    F_REMAP_UNC,
+    F_REMAP_PENDING,
+    F_REMAP_FAILURE,
+    F_NVLINKS,
+    F_GPM,
     F_COUNT
 };
 static const char *const field_names[F_COUNT] = {
     "power", "temperature", "utilization", "clocks", "ecc", "encoder", "decoder",
     "clocks_event_reasons", "process_utilization", "memory", "events", "mig",
+    "energy_millijoules", "power_limit_milliwatts", "fan_speed_percent", "performance_state",
+    "memory_temperature_celsius", "memory_reserved_bytes", "pcie_tx_kilobytes_per_second",
+    "pcie_rx_kilobytes_per_second", "pcie_replay_count", "pcie_link_generation", "pcie_link_width",
+    "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
+    "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+    "remapped_rows_failure", "nvlinks", "gpm",
 };
 
 /* Configured values; a value absent from the config makes its call NOT_SUPPORTED. */
@@ -196,6 +258,25 @@ enum value {
     V_ECC_CORRECTED,
     V_ECC_UNCORRECTED,
     V_CLOCKS_EVENT_REASONS,
+    /* health (issue 18): each V_x has the F_x of the same name */
+    V_ENERGY,
+    V_POWER_LIMIT,
+    V_FAN,
+    V_PSTATE,
+    V_MEMORY_TEMP,
+    V_MEMORY_RESERVED,
+    V_PCIE_TX,
+    V_PCIE_RX,
+    V_PCIE_REPLAY,
+    V_PCIE_GEN,
+    V_PCIE_WIDTH,
+    V_RETIRED_SBE,
+    V_RETIRED_DBE,
+    V_RETIRED_PENDING,
+    V_REMAP_CORR,
+    V_REMAP_UNC,
+    V_REMAP_PENDING,
+    V_REMAP_FAILURE,
     V_COUNT
 };
 static const char *const value_names[V_COUNT] = {
@@ -203,6 +284,33 @@ static const char *const value_names[V_COUNT] = {
     "power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
     "encoder_utilization", "decoder_utilization", "ecc_corrected", "ecc_uncorrected",
     "clocks_event_reasons",
+    "energy_millijoules", "power_limit_milliwatts", "fan_speed_percent", "performance_state",
+    "memory_temperature_celsius", "memory_reserved_bytes", "pcie_tx_kilobytes_per_second",
+    "pcie_rx_kilobytes_per_second", "pcie_replay_count", "pcie_link_generation", "pcie_link_width",
+    "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
+    "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+    "remapped_rows_failure",
+};
+
+/* An NVLink's values ("nvlink" line); an absent one answers NOT_SUPPORTED. */
+enum nvlink_value { NL_ACTIVE, NL_TX_KIB, NL_RX_KIB, NL_CRC, NL_REPLAY, NL_RECOVERY, NL_COUNT };
+struct nvlink {
+    int present;
+    int have[NL_COUNT];
+    unsigned long long value[NL_COUNT];
+};
+
+/* The five GPM metrics of the scenario ("gpm_metric NAME RATIO"), by NVML_GPM_METRIC_* id. */
+enum gpm_metric { G_GRAPHICS, G_SM, G_SM_OCCUPANCY, G_TENSOR, G_DRAM, G_COUNT };
+static const struct {
+    const char *key;
+    unsigned int id;
+} gpm_metrics[G_COUNT] = {
+    {"graphics_active", 1}, /* NVML_GPM_METRIC_GRAPHICS_UTIL */
+    {"sm_active", 2},       /* NVML_GPM_METRIC_SM_UTIL */
+    {"sm_occupancy", 3},    /* NVML_GPM_METRIC_SM_OCCUPANCY */
+    {"tensor_active", 5},   /* NVML_GPM_METRIC_ANY_TENSOR_UTIL */
+    {"dram_active", 10},    /* NVML_GPM_METRIC_DRAM_BW_UTIL */
 };
 
 enum list_kind { L_COMPUTE, L_GRAPHICS, L_MPS, L_COUNT };
@@ -250,6 +358,19 @@ struct fake_device {
     int have_gi, have_ci;
     unsigned int gi, ci; /* GPU instance id, compute instance id */
     unsigned long long probe_tick; /* MIG device: its card's tick after its latest utilization probe */
+    /* health (issue 18), the card's own: a MIG device has only memory_reserved_bytes */
+    struct nvlink nvlinks[NVLINK_MAX_LINKS]; /* by link index */
+    int have_gpm;                            /* a "gpm" line: GPM-capable (Hopper and newer) */
+    int have_metric[G_COUNT];
+    double gpm_ratio[G_COUNT];
+};
+
+/* An allocated GPM sample; nvmlGpmSampleGet records whose and when. */
+struct fake_gpm_sample {
+    int used;
+    struct fake_device *device; /* NULL until nvmlGpmSampleGet fills it */
+    unsigned long long tick;    /* the card's tick then */
+    unsigned long long seq;     /* order of the nvmlGpmSampleGet calls: sample2 must be later */
 };
 
 struct fake_event_set {
@@ -279,12 +400,14 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct config cfg;
 static unsigned int refcount;
 static struct fake_event_set event_sets[MAX_EVENT_SETS];
+static struct fake_gpm_sample gpm_samples[MAX_GPM_SAMPLES]; /* cleared with the event sets */
+static unsigned long long gpm_seq;
 /* init_failures counts across attempts; restarted when the config (path or bytes) changes */
 static uint64_t failure_key;
 static unsigned int failures_served;
 
 /* Per-function call counters, readable from tests through fakeNvmlCallCount. */
-#define MAX_COUNTERS 96
+#define MAX_COUNTERS 160
 static struct {
     const char *name;
     unsigned long count;
@@ -349,6 +472,52 @@ static int copy_str(char *dst, size_t size, const char *src) {
         return -1;
     strcpy(dst, src);
     return 0;
+}
+
+/* nvlink LINK ACTIVE TX_KIB RX_KIB CRC REPLAY RECOVERY, each value a number or NA (absent) */
+static int parse_nvlink(struct fake_device *d, char *rest) {
+    char *tok[1 + NL_COUNT];
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(rest, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        if (n == 1 + NL_COUNT)
+            return -1;
+        tok[n++] = t;
+    }
+    unsigned int link;
+    if (n != 1 + NL_COUNT || parse_uint(tok[0], &link) != 0 || link >= NVLINK_MAX_LINKS)
+        return -1;
+    struct nvlink *l = &d->nvlinks[link];
+    if (l->present)
+        return -1; /* one line per link */
+    l->present = 1;
+    for (int v = 0; v < NL_COUNT; v++) {
+        if (strcmp(tok[1 + v], "NA") == 0)
+            continue;
+        if (parse_ull(tok[1 + v], &l->value[v]) != 0 || (v == NL_ACTIVE && l->value[v] > 1))
+            return -1;
+        l->have[v] = 1;
+    }
+    return 0;
+}
+
+/* gpm_metric NAME RATIO, RATIO in 0..1 */
+static int parse_gpm_metric(struct fake_device *d, char *rest) {
+    char *sp = strchr(rest, ' ');
+    if (!d->have_gpm || sp == NULL)
+        return -1;
+    *sp = '\0';
+    char *end;
+    double ratio = strtod(sp + 1, &end);
+    if (*end != '\0' || end == sp + 1 || !(ratio >= 0.0 && ratio <= 1.0))
+        return -1;
+    for (int g = 0; g < G_COUNT; g++) {
+        if (strcmp(rest, gpm_metrics[g].key) == 0) {
+            d->have_metric[g] = 1;
+            d->gpm_ratio[g] = ratio;
+            return 0;
+        }
+    }
+    return -1;
 }
 
 /* One "key value" line; returns 0 or -1 for a malformed line. */
@@ -422,7 +591,7 @@ static int parse_line(struct config *c, char *key, char *rest) {
         return -1; /* every other key belongs to a device */
     if (d->is_mig && strcmp(key, "uuid") != 0 && strcmp(key, "name") != 0 &&
         strcmp(key, "memory_total_bytes") != 0 && strcmp(key, "memory_used_bytes") != 0 &&
-        strcmp(key, "gpu_instance_id") != 0 && strcmp(key, "compute_instance_id") != 0 &&
+        strcmp(key, "memory_reserved_bytes") != 0 && strcmp(key, "gpu_instance_id") != 0 && strcmp(key, "compute_instance_id") != 0 &&
         strcmp(key, "process") != 0)
         return -1; /* the rest of a MIG device's values are its card's */
     if (strcmp(key, "gpu_instance_id") == 0 || strcmp(key, "compute_instance_id") == 0) {
@@ -468,6 +637,16 @@ static int parse_line(struct config *c, char *key, char *rest) {
         d->nxids++;
         return 0;
     }
+    if (strcmp(key, "nvlink") == 0)
+        return parse_nvlink(d, rest);
+    if (strcmp(key, "gpm") == 0) {
+        if (*rest != '\0')
+            return -1;
+        d->have_gpm = 1;
+        return 0;
+    }
+    if (strcmp(key, "gpm_metric") == 0)
+        return parse_gpm_metric(d, rest);
     if (strcmp(key, "process") == 0) {
         /* process PID MEMORY|NA SM_UTIL KIND */
         char *tok[4];
@@ -693,6 +872,7 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
         for (int k = 0; k < L_COUNT; k++)
             cfg.devices[i].growth_pending[k] = cfg.devices[i].process_growth > 0;
     memset(event_sets, 0, sizeof event_sets);
+    memset(gpm_samples, 0, sizeof gpm_samples);
     refcount = 1;
     RETURN(NVML_SUCCESS);
 }
@@ -704,8 +884,10 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
     ENTER();
     if (!initialized())
         RETURN(NVML_ERROR_UNINITIALIZED);
-    if (--refcount == 0)
+    if (--refcount == 0) {
         memset(event_sets, 0, sizeof event_sets);
+        memset(gpm_samples, 0, sizeof gpm_samples); /* samples die with NVML */
+    }
     RETURN(NVML_SUCCESS);
 }
 
@@ -843,7 +1025,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *memory
 }
 
 #ifndef OLD_DRIVER
-/* Drivers >= 515. Nothing is reserved in the fake, so v2's "used" equals v1's. */
+/* Drivers >= 515. "reserved" is memory_reserved_bytes (0 when absent); v2's "used" leaves it out
+   where v1's includes it, so v1 used = v2 used + reserved and "free" is the same in both.
+   "not_supported memory_reserved_bytes": v2 NOT_SUPPORTED, v1 still answers. */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *memory) {
     DEVICE_PROLOGUE(h, d);
     if (cfg.old_driver)
@@ -854,13 +1038,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *
         RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     if (mig_mode(d))
         RETURN(NVML_ERROR_NO_PERMISSION);
-    if (d->not_supported[F_MEMORY] || !d->have[V_MEMORY_TOTAL])
+    if (d->not_supported[F_MEMORY] || d->not_supported[F_MEMORY_RESERVED] || !d->have[V_MEMORY_TOTAL])
         RETURN(NVML_ERROR_NOT_SUPPORTED);
     unsigned long long total = d->value[V_MEMORY_TOTAL];
     unsigned long long used = d->have[V_MEMORY_USED] ? d->value[V_MEMORY_USED] : NVML_VALUE_NOT_AVAILABLE_ULL;
+    unsigned long long reserved = d->have[V_MEMORY_RESERVED] ? d->value[V_MEMORY_RESERVED] : 0;
     memory->total = total;
-    memory->reserved = 0;
-    memory->used = used;
+    memory->reserved = reserved;
+    memory->used = used == NVML_VALUE_NOT_AVAILABLE_ULL ? used : used > reserved ? used - reserved : 0;
     memory->free = used == NVML_VALUE_NOT_AVAILABLE_ULL ? NVML_VALUE_NOT_AVAILABLE_ULL
                    : used > total                      ? 0
                                                        : total - used;
@@ -1137,45 +1322,370 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t h, unsigned int 
     RETURN(NVML_SUCCESS);
 }
 
-/* ---- calls other NVML consumers make (nvitop); the scenario has no values for them ---- */
+/* ---- health (issue 18): energy, power limit, fan, P-state, PCIe, retired pages, row remapping,
+   NVLink, field values, GPM ----
 
-/* NOT_SUPPORTED, as on GPUs without the feature (passive cooling, no power management, ...):
-   a valid answer the caller must handle, after the usual device checks. */
-#define UNSUPPORTED_UINT(fn)                                        \
-    EXPORT nvmlReturn_t fn(nvmlDevice_t h, unsigned int *out) {     \
-        DEVICE_PROLOGUE(h, d);                                      \
-        (void)d;                                                    \
-        if (out == NULL)                                            \
-            RETURN(NVML_ERROR_INVALID_ARGUMENT);                    \
-        RETURN(NVML_ERROR_NOT_SUPPORTED);                           \
+   Values come from the scenario keys of the same name (docs/testing.md); an absent key or its
+   name in not_supported answers NOT_SUPPORTED, after the usual checks (uninitialised, invalid
+   handle, lost GPU) and the NULL-pointer check. These are the card's signals: on a MIG handle
+   every call here answers NOT_SUPPORTED (nvmlDeviceGetFieldValues per field), as for power and
+   temperature; a consumer reads them on the card. */
+
+/* The prologue of a card-level call with one output pointer. */
+#define CARD_PROLOGUE(h, d, out)                 \
+    DEVICE_PROLOGUE(h, d);                       \
+    if ((out) == NULL)                           \
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);     \
+    if (d->is_mig)                               \
+        RETURN(NVML_ERROR_NOT_SUPPORTED)
+
+#define HEALTH_UINT(fn, field, v)                               \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t h, unsigned int *out) { \
+        CARD_PROLOGUE(h, d, out);                               \
+        if (unsupported(d, field, v, -1))                       \
+            RETURN(NVML_ERROR_NOT_SUPPORTED);                   \
+        *out = (unsigned int)d->value[v];                       \
+        RETURN(NVML_SUCCESS);                                   \
     }
 
-UNSUPPORTED_UINT(nvmlDeviceGetFanSpeed)
-UNSUPPORTED_UINT(nvmlDeviceGetPowerManagementLimit)
+/* The fake has one limit: the enforced one and the power-management one are the same. */
+HEALTH_UINT(nvmlDeviceGetEnforcedPowerLimit, F_POWER_LIMIT, V_POWER_LIMIT)
+HEALTH_UINT(nvmlDeviceGetPowerManagementLimit, F_POWER_LIMIT, V_POWER_LIMIT)
+HEALTH_UINT(nvmlDeviceGetFanSpeed, F_FAN, V_FAN)
+HEALTH_UINT(nvmlDeviceGetPcieReplayCounter, F_PCIE_REPLAY, V_PCIE_REPLAY)
+HEALTH_UINT(nvmlDeviceGetCurrPcieLinkGeneration, F_PCIE_GEN, V_PCIE_GEN)
+HEALTH_UINT(nvmlDeviceGetCurrPcieLinkWidth, F_PCIE_WIDTH, V_PCIE_WIDTH)
 
-EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t h, int counter, unsigned int *value) {
-    DEVICE_PROLOGUE(h, d);
-    (void)d;
-    if (value == NULL || counter < 0 || counter > 1 /* NVML_PCIE_UTIL_TX_BYTES, _RX_BYTES */)
-        RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    RETURN(NVML_ERROR_NOT_SUPPORTED);
+/* mJ since driver load: energy_millijoules at tick 0, then power_usage_milliwatts per tick (one
+   tick = 1 s, mW x s = mJ), so rate() of it is the configured power. Without a power reading
+   (absent, or "not_supported power") it stands still, as in the simulated node. */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t h, unsigned long long *energy) {
+    CARD_PROLOGUE(h, d, energy);
+    if (unsupported(d, F_ENERGY, V_ENERGY, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long power = d->have[V_POWER] && !d->not_supported[F_POWER] ? d->value[V_POWER] : 0;
+    *energy = d->value[V_ENERGY] + power * d->tick;
+    RETURN(NVML_SUCCESS);
 }
 
-/* The call succeeds and each requested field carries its own status: none is supported here. */
+/* The card has one fan (index 0); another index is INVALID_ARGUMENT, as past nvmlDeviceGetNumFans. */
+EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed_v2(nvmlDevice_t h, unsigned int fan, unsigned int *speed) {
+    CARD_PROLOGUE(h, d, speed);
+    if (fan != 0)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (unsupported(d, F_FAN, V_FAN, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *speed = (unsigned int)d->value[V_FAN];
+    RETURN(NVML_SUCCESS);
+}
+
+/* nvmlPstates_t: 0 (P0) .. 15; the fake never answers NVML_PSTATE_UNKNOWN (32). */
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t h, int *pState) {
+    CARD_PROLOGUE(h, d, pState);
+    if (unsupported(d, F_PSTATE, V_PSTATE, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *pState = (int)d->value[V_PSTATE];
+    RETURN(NVML_SUCCESS);
+}
+
+/* KB/s: counter NVML_PCIE_UTIL_TX_BYTES (0) or NVML_PCIE_UTIL_RX_BYTES (1). */
+EXPORT nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t h, int counter, unsigned int *value) {
+    CARD_PROLOGUE(h, d, value);
+    if (counter < 0 || counter > 1)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    int f = counter == 0 ? F_PCIE_TX : F_PCIE_RX, v = counter == 0 ? V_PCIE_TX : V_PCIE_RX;
+    if (unsupported(d, f, v, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *value = (unsigned int)d->value[v];
+    RETURN(NVML_SUCCESS);
+}
+
+/* Retired pages of one cause (0: multiple single-bit ECC errors, 1: a double-bit ECC error), with
+   the size probe of nvml.h: *count 0 (or too small) answers INSUFFICIENT_SIZE and the count
+   needed, SUCCESS and 0 when none is retired. Page i of cause c has the (made-up, distinct)
+   address (c + 1) << 32 | i << 12 and the timestamp 1700000000 + i (seconds). */
+static nvmlReturn_t retired_pages(nvmlDevice_t h, int cause, unsigned int *count, unsigned long long *addresses,
+                                  unsigned long long *timestamps, int want_timestamps) {
+    struct fake_device *d = NULL;
+    nvmlReturn_t rc = device_check(h, &d);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (count == NULL || cause < 0 || cause > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int f = cause == 0 ? F_RETIRED_SBE : F_RETIRED_DBE, v = cause == 0 ? V_RETIRED_SBE : V_RETIRED_DBE;
+    if (d->is_mig || unsupported(d, f, v, -1))
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int n = (unsigned int)d->value[v];
+    if (n == 0) {
+        *count = 0;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (addresses == NULL || (want_timestamps && timestamps == NULL))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < n; i++) {
+        addresses[i] = ((unsigned long long)cause + 1) << 32 | (unsigned long long)i << 12;
+        if (want_timestamps)
+            timestamps[i] = 1700000000ULL + i;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t h, int cause, unsigned int *pageCount,
+                                              unsigned long long *addresses) {
+    ENTER();
+    RETURN(retired_pages(h, cause, pageCount, addresses, NULL, 0));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t h, int cause, unsigned int *pageCount,
+                                                 unsigned long long *addresses, unsigned long long *timestamps) {
+    ENTER();
+    RETURN(retired_pages(h, cause, pageCount, addresses, timestamps, 1));
+}
+
+/* nvmlEnableState_t: NVML_FEATURE_ENABLED (1) when pages wait for the next reset to retire. */
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t h, unsigned int *isPending) {
+    CARD_PROLOGUE(h, d, isPending);
+    if (unsupported(d, F_RETIRED_PENDING, V_RETIRED_PENDING, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *isPending = d->value[V_RETIRED_PENDING] ? 1u : 0u;
+    RETURN(NVML_SUCCESS);
+}
+
+/* One call for four values: NOT_SUPPORTED when none of the four keys is given or any of their
+   names is in not_supported (NVML cannot blank one of them); an absent one of four reads 0. */
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t h, unsigned int *corrRows, unsigned int *uncRows,
+                                              unsigned int *isPending, unsigned int *failureOccurred) {
+    DEVICE_PROLOGUE(h, d);
+    if (corrRows == NULL || uncRows == NULL || isPending == NULL || failureOccurred == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (d->is_mig)
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    int any = 0;
+    for (int k = 0; k < 4; k++) { /* the four are consecutive, in the same order, in both enums */
+        if (d->not_supported[F_REMAP_CORR + k])
+            RETURN(NVML_ERROR_NOT_SUPPORTED);
+        any |= d->have[V_REMAP_CORR + k];
+    }
+    if (!any)
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    *corrRows = (unsigned int)d->value[V_REMAP_CORR];
+    *uncRows = (unsigned int)d->value[V_REMAP_UNC];
+    *isPending = d->value[V_REMAP_PENDING] ? 1u : 0u;
+    *failureOccurred = d->value[V_REMAP_FAILURE] ? 1u : 0u;
+    RETURN(NVML_SUCCESS);
+}
+
+/* An NVLink value: INVALID_ARGUMENT for a link past NVML_NVLINK_MAX_LINKS, NOT_SUPPORTED for a
+   link the scenario does not list (as on a GPU with fewer links, or none), for an absent value,
+   and under "not_supported nvlinks". */
+static nvmlReturn_t nvlink_value(const struct fake_device *d, unsigned int link, int v, unsigned long long *out) {
+    if (link >= NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct nvlink *l = &d->nvlinks[link];
+    if (d->is_mig || d->not_supported[F_NVLINKS] || !l->present || !l->have[v])
+        return NVML_ERROR_NOT_SUPPORTED;
+    *out = l->value[v];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t h, unsigned int link, unsigned int *isActive) {
+    DEVICE_PROLOGUE(h, d);
+    if (isActive == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long v = 0;
+    nvmlReturn_t rc = nvlink_value(d, link, NL_ACTIVE, &v);
+    if (rc == NVML_SUCCESS)
+        *isActive = v ? 1u : 0u; /* NVML_FEATURE_ENABLED / _DISABLED */
+    RETURN(rc);
+}
+
+/* counter NVML_NVLINK_ERROR_DL_REPLAY (0), _DL_RECOVERY (1), _DL_CRC_FLIT (2); the scenario has no
+   _DL_CRC_DATA (3) and _DL_ECC_DATA (4): NOT_SUPPORTED; others INVALID_ARGUMENT. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t h, unsigned int link, int counter,
+                                                    unsigned long long *counterValue) {
+    DEVICE_PROLOGUE(h, d);
+    if (counterValue == NULL || counter < 0 || counter > 4)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    static const int value_of[3] = {NL_REPLAY, NL_RECOVERY, NL_CRC};
+    unsigned long long v = 0;
+    nvmlReturn_t rc = nvlink_value(d, link, counter <= 2 ? value_of[counter] : NL_CRC, &v);
+    if (rc == NVML_SUCCESS && counter > 2)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        *counterValue = v;
+    RETURN(rc);
+}
+
+#define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138 /* KiB since driver load, scopeId = link */
+#define NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX 139
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
+
+/* One field's status and value; fields the fake has no value for are NOT_SUPPORTED. */
+static void field_value(const struct fake_device *d, nvmlFieldValue_t *fv) {
+    unsigned long long v = 0;
+    memset(&fv->value, 0, sizeof fv->value);
+    switch (fv->fieldId) {
+    case NVML_FI_DEV_MEMORY_TEMP:
+        fv->nvmlReturn = d->is_mig || unsupported(d, F_MEMORY_TEMP, V_MEMORY_TEMP, -1) ? NVML_ERROR_NOT_SUPPORTED
+                                                                                      : NVML_SUCCESS;
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        fv->value.uiVal = fv->nvmlReturn == NVML_SUCCESS ? (unsigned int)d->value[V_MEMORY_TEMP] : 0u;
+        return;
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
+        fv->nvmlReturn = nvlink_value(d, fv->scopeId,
+                                      fv->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX ? NL_TX_KIB : NL_RX_KIB, &v);
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        fv->value.ullVal = v;
+        return;
+    default:
+        fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
+}
+
+/* The call succeeds and each requested field carries its own status. */
 EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t h, int valuesCount, nvmlFieldValue_t *values) {
     DEVICE_PROLOGUE(h, d);
-    (void)d;
     if (values == NULL || valuesCount < 0)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
     long long stamp = (long long)now_us();
     for (int i = 0; i < valuesCount; i++) {
         values[i].timestamp = stamp;
         values[i].latencyUsec = 0;
-        values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
-        memset(&values[i].value, 0, sizeof values[i].value);
+        field_value(d, &values[i]);
     }
     RETURN(NVML_SUCCESS);
 }
+
+/* GPM (R520+, Hopper and newer): a device with the scenario key "gpm" supports it. Samples come
+   from a fixed pool; nvmlGpmMetricsGet needs two samples of one card, sample2 taken after sample1
+   (INVALID_ARGUMENT otherwise), and answers each metric NVML_GPM_METRIC_* in percent: ratio x 100
+   for the five of the scenario, NOT_SUPPORTED for a metric it leaves out and any other one. */
+#ifndef OLD_DRIVER
+
+static char gpm_unit[] = "%";
+static char gpm_short[G_COUNT][16] = {"gr_util", "sm_util", "sm_occupancy", "any_tensor_util", "dram_bw_util"};
+
+static struct fake_gpm_sample *lookup_sample(nvmlGpmSample_t s) {
+    uintptr_t p = (uintptr_t)s, base = (uintptr_t)gpm_samples;
+    if (p < base || p >= base + sizeof gpm_samples || (p - base) % sizeof gpm_samples[0] || !s->used)
+        return NULL;
+    return s;
+}
+
+static int gpm_capable(const struct fake_device *d) { return !d->is_mig && d->have_gpm && !d->not_supported[F_GPM]; }
+
+/* The checks every GPM call starts with: uninitialised, and a normal build told "old_driver 1". */
+static nvmlReturn_t gpm_check(void) {
+    if (!initialized())
+        return NVML_ERROR_UNINITIALIZED;
+    return cfg.old_driver ? NVML_ERROR_FUNCTION_NOT_FOUND : NVML_SUCCESS;
+}
+
+/* isSupportedDevice 0 on a device without GPM (before Hopper); NOT_SUPPORTED on a MIG handle. */
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t h, nvmlGpmSupport_t *gpmSupport) {
+    DEVICE_PROLOGUE(h, d);
+    if (cfg.old_driver)
+        RETURN(NVML_ERROR_FUNCTION_NOT_FOUND);
+    if (gpmSupport == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION)
+        RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (d->is_mig)
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    gpmSupport->isSupportedDevice = gpm_capable(d) ? 1u : 0u;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample) {
+    ENTER();
+    nvmlReturn_t rc = gpm_check();
+    if (rc != NVML_SUCCESS)
+        RETURN(rc);
+    if (gpmSample == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    for (int i = 0; i < MAX_GPM_SAMPLES; i++) {
+        if (!gpm_samples[i].used) {
+            memset(&gpm_samples[i], 0, sizeof gpm_samples[i]);
+            gpm_samples[i].used = 1;
+            *gpmSample = &gpm_samples[i];
+            RETURN(NVML_SUCCESS);
+        }
+    }
+    RETURN(NVML_ERROR_MEMORY); /* a consumer that never frees its samples runs out here */
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
+    ENTER();
+    nvmlReturn_t rc = gpm_check();
+    if (rc != NVML_SUCCESS)
+        RETURN(rc);
+    struct fake_gpm_sample *s = lookup_sample(gpmSample);
+    if (s == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    s->used = 0;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t h, nvmlGpmSample_t gpmSample) {
+    DEVICE_PROLOGUE(h, d);
+    if (cfg.old_driver)
+        RETURN(NVML_ERROR_FUNCTION_NOT_FOUND);
+    struct fake_gpm_sample *s = lookup_sample(gpmSample);
+    if (s == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_capable(d))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    s->device = d;
+    s->tick = d->tick;
+    s->seq = ++gpm_seq;
+    RETURN(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
+    ENTER();
+    nvmlReturn_t rc = gpm_check();
+    if (rc != NVML_SUCCESS)
+        RETURN(rc);
+    if (metricsGet == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION)
+        RETURN(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    struct fake_gpm_sample *s1 = lookup_sample(metricsGet->sample1), *s2 = lookup_sample(metricsGet->sample2);
+    if (metricsGet->numMetrics > NVML_GPM_METRIC_MAX || s1 == NULL || s2 == NULL || s1->device == NULL ||
+        s1->device != s2->device || s2->seq <= s1->seq)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    struct fake_device *d = s1->device;
+    d->calls++;
+    if (is_lost(d))
+        RETURN(NVML_ERROR_GPU_IS_LOST);
+    for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        m->nvmlReturn = m->metricId == 0 || m->metricId >= NVML_GPM_METRIC_MAX ? NVML_ERROR_INVALID_ARGUMENT
+                                                                              : NVML_ERROR_NOT_SUPPORTED;
+        m->value = 0.0;
+        memset(&m->metricInfo, 0, sizeof m->metricInfo);
+        for (int g = 0; g < G_COUNT; g++) {
+            if (m->metricId == gpm_metrics[g].id && d->have_metric[g]) {
+                m->nvmlReturn = NVML_SUCCESS;
+                m->value = d->gpm_ratio[g] * 100.0;
+                m->metricInfo.shortName = gpm_short[g];
+                m->metricInfo.longName = gpm_short[g];
+                m->metricInfo.unit = gpm_unit;
+            }
+        }
+    }
+    RETURN(NVML_SUCCESS);
+}
+
+#endif /* OLD_DRIVER */
 
 /* ---- process utilization ---- */
 
@@ -1406,6 +1916,8 @@ EXPORT void fakeNvmlReset(void) {
     refcount = 0;
     memset(&cfg, 0, sizeof cfg);
     memset(event_sets, 0, sizeof event_sets);
+    memset(gpm_samples, 0, sizeof gpm_samples);
+    gpm_seq = 0;
     memset(counters, 0, sizeof counters);
     failure_key = 0;
     failures_served = 0;

@@ -1,0 +1,91 @@
+"""The health keys of a scenario device (issue 18) as config lines of the fake library.
+
+The keys are the ones exporter/node/scenario_health.py reads (DeviceHealth's field names, plus
+``memory_reserved_bytes``); docs/testing.md ("The scenario keys it reads") says what the fake
+answers for each. Every key is also a ``not_supported`` name. Bounds are what the NVML call can
+carry (an ``unsigned int`` for most), so a value the fake would truncate is refused here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tests.fake_nvml.checks import FakeNvmlError, as_int, as_ratio, as_seq, check_keys
+
+U32 = 2**32 - 1
+U64 = 2**64 - 1
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of a 550 driver: links 0..17
+MAX_RETIRED_PAGES = 65_535  # the fake hands out one address per page; pynvml allocates 2n + 5
+
+# integer key -> the largest value the fake reports faithfully
+HEALTH_INTS: dict[str, int] = {
+    "energy_millijoules": 2**62,  # room for power x ticks on top
+    "power_limit_milliwatts": U32,
+    "fan_speed_percent": 100,
+    "performance_state": 15,
+    "memory_temperature_celsius": U32,
+    "pcie_tx_kilobytes_per_second": U32,
+    "pcie_rx_kilobytes_per_second": U32,
+    "pcie_replay_count": U32,
+    "pcie_link_generation": U32,
+    "pcie_link_width": U32,
+    "retired_pages_single_bit": MAX_RETIRED_PAGES,
+    "retired_pages_double_bit": MAX_RETIRED_PAGES,
+    "retired_pages_pending": 1,
+    "remapped_rows_correctable": U32,
+    "remapped_rows_uncorrectable": U32,
+    "remapped_rows_pending": 1,
+    "remapped_rows_failure": 1,
+}
+# the config line's columns after the link index, in order
+NVLINK_VALUES = ("active", "tx_kibibytes", "rx_kibibytes", "crc_errors", "replay_errors", "recovery_errors")
+NVLINK_KEYS = frozenset({"link", *NVLINK_VALUES})
+GPM_KEYS = ("graphics_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
+# device keys, every one a not_supported name as well; memory_reserved_bytes is per handle (MIG too)
+HEALTH_KEYS = frozenset(HEALTH_INTS) | {"memory_reserved_bytes", "nvlinks", "gpm"}
+
+
+def health_lines(d: Mapping[str, Any], where: str) -> list[str]:
+    """The card-level health lines of device mapping ``d`` (null keys are absent)."""
+    lines = [f"{key} {as_int(d[key], f'{where}.{key}', top)}" for key, top in HEALTH_INTS.items()
+             if d.get(key) is not None]
+    lines.extend(_nvlink_lines(d.get("nvlinks"), f"{where}.nvlinks"))
+    if d.get("gpm") is not None:
+        gpm = check_keys(d["gpm"], frozenset(GPM_KEYS), f"{where}.gpm")
+        lines.append("gpm")  # GPM-capable, even with no metric given
+        lines.extend(f"gpm_metric {key} {as_ratio(gpm[key], f'{where}.gpm.{key}')!r}" for key in GPM_KEYS
+                     if gpm.get(key) is not None)
+    return lines
+
+
+def reserved_lines(d: Mapping[str, Any], where: str) -> list[str]:
+    """``memory_reserved_bytes`` of a card or MIG device: at most its ``memory_total_bytes``."""
+    if d.get("memory_reserved_bytes") is None:
+        return []
+    reserved = as_int(d["memory_reserved_bytes"], f"{where}.memory_reserved_bytes", U64)
+    total = d.get("memory_total_bytes")
+    if isinstance(total, int) and reserved > total:
+        raise FakeNvmlError(f"{where}: memory_reserved_bytes exceeds memory_total_bytes")
+    used = d.get("memory_used_bytes")
+    if isinstance(used, int) and used < reserved:  # v1 'used' includes reserved: v2 would go negative
+        raise FakeNvmlError(f"{where}: memory_used_bytes is below memory_reserved_bytes (used includes reserved)")
+    return [f"memory_reserved_bytes {reserved}"]
+
+
+def _nvlink_lines(raw: object, where: str) -> list[str]:
+    lines, seen = [], set()
+    for i, item in enumerate(as_seq(raw, where)):
+        lw = f"{where}[{i}]"
+        m = check_keys(item, NVLINK_KEYS, lw)
+        for key in ("link", "active"):  # NVML lists a link only through its state: no state, no link
+            if m.get(key) is None:
+                raise FakeNvmlError(f"{lw}: '{key}' is required")
+        link = as_int(m["link"], f"{lw}.link", NVLINK_MAX_LINKS - 1)
+        if link in seen:
+            raise FakeNvmlError(f"{where}: duplicate link {link}")
+        seen.add(link)
+        cols = ["NA" if m.get(k) is None else str(as_int(m[k], f"{lw}.{k}", 1 if k == "active" else U64))
+                for k in NVLINK_VALUES]
+        lines.append(f"nvlink {link} {' '.join(cols)}")
+    return lines
