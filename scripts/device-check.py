@@ -5,6 +5,10 @@ It needs only the exporter's runtime modules (no cluster, no compiler, no CUDA t
 
 1. samples every GPU a few times through :class:`exporter.node.nvml.backend.NvmlBackend` and records
    what the driver answers (values, NotSupported fields, NVML errors by call and code, MIG mode);
+   then reads every health call (issue 18: energy, power limit, fan, P-state, memory temperature,
+   reserved memory, PCIe, retired pages, row remapping, NVLink per link, GPM) straight through
+   pynvml, each on its own, prints each answer, and checks that the backend's DeviceSample.health
+   has a value exactly where the direct read has one (and GPM ratios from the second cycle on);
 2. starts a GPU load in a child process through the CUDA driver API (ctypes on libcuda.so.1, a
    PTX spin kernel JIT-compiled by the driver) and checks that the backend sees the child's pid
    with memory and, over the following cycles, SM utilization samples that are returned once
@@ -120,6 +124,12 @@ def run_checks(out_dir: Path, load_seconds: float | None) -> int:
                                   "temperature_celsius", "utilization_gpu") if getattr(d, k) is None]
             check(f"{d.uuid} core fields", d.uuid.startswith(("GPU-", "MIG-")) and not d.lost
                   and "memory_total_bytes" not in absent, {"absent": absent, "mig_parent": d.parent_uuid})
+        time.sleep(1.0)  # GPM ratios need a second sample, and the energy counter some time
+        second = backend.sample()
+        report["samples"].append([_device_summary(d) for d in second.devices])
+        report["sample_seconds"] = [first.duration_seconds, second.duration_seconds]  # init, then a plain cycle
+        print(f"sampling cycle took {second.duration_seconds:.3f} s with the health reads", flush=True)
+        health_checks(first, second, report, check)
 
         if load_seconds is None:
             return _finish(report, backend, out_dir)
@@ -172,6 +182,209 @@ def run_checks(out_dir: Path, load_seconds: float | None) -> int:
         return _finish(report, backend, out_dir)
     finally:
         backend.close()
+
+
+# ---- health (issue 18): every new NVML call read straight, each on its own -------------------
+
+# DeviceHealth field -> the direct read that feeds it (the backend must have a value exactly where it has)
+HEALTH_READS = {
+    "energy_millijoules": "nvmlDeviceGetTotalEnergyConsumption",
+    "power_limit_milliwatts": "nvmlDeviceGetEnforcedPowerLimit",
+    "fan_speed_percent": "nvmlDeviceGetFanSpeed",
+    "performance_state": "nvmlDeviceGetPerformanceState",
+    "memory_temperature_celsius": "nvmlDeviceGetFieldValues(MEMORY_TEMP)",
+    "pcie_tx_kilobytes_per_second": "nvmlDeviceGetPcieThroughput(TX_BYTES)",
+    "pcie_rx_kilobytes_per_second": "nvmlDeviceGetPcieThroughput(RX_BYTES)",
+    "pcie_replay_count": "nvmlDeviceGetPcieReplayCounter",
+    "pcie_link_generation": "nvmlDeviceGetCurrPcieLinkGeneration",
+    "pcie_link_width": "nvmlDeviceGetCurrPcieLinkWidth",
+    "retired_pages_single_bit": "nvmlDeviceGetRetiredPages(SINGLE_BIT)",
+    "retired_pages_double_bit": "nvmlDeviceGetRetiredPages(DOUBLE_BIT)",
+    "retired_pages_pending": "nvmlDeviceGetRetiredPagesPendingStatus",
+    "remapped_rows_correctable": "nvmlDeviceGetRemappedRows",
+}
+# values that do not move within a few seconds: backend and direct read must agree on them
+STABLE = ("power_limit_milliwatts", "retired_pages_single_bit", "retired_pages_double_bit",
+          "remapped_rows_correctable")
+# answers that say we call NVML wrongly, not that the device lacks something
+CALLING_MISTAKES = ("NVMLError_InvalidArgument", "NVMLError_ArgumentVersionMismatch")
+
+
+def _read(fn: Any) -> dict[str, Any]:
+    """One direct call: {"value": ...} or {"error": the pynvml error class name, or "python: ..."}."""
+    import pynvml
+
+    try:
+        return {"value": fn()}
+    except pynvml.NVMLError as e:
+        return {"error": type(e).__name__}
+    except Exception as e:  # a wrong signature or type: our mistake, reported as such
+        return {"error": f"python: {type(e).__name__}: {e}"}
+
+
+def _field(pynvml: Any, h: Any, field_id: int, scope: int = 0) -> Any:
+    """One field of nvmlDeviceGetFieldValues: its value, or its own nvmlReturn raised."""
+    v = pynvml.nvmlDeviceGetFieldValues(h, [(field_id, scope)])[0]
+    if v.nvmlReturn != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(v.nvmlReturn)
+    member = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+              pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+              pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+              pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}[v.valueType]
+    return getattr(v.value, member)
+
+
+def _direct_card(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
+    """The card-level reads, each on its own."""
+    def memory_v2() -> dict[str, int]:
+        m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        return {"total": m.total, "reserved": m.reserved, "used": m.used, "free": m.free}
+
+    def pages(cause: int) -> int:
+        return len(pynvml.nvmlDeviceGetRetiredPages(h, cause))
+
+    calls = {
+        "nvmlDeviceGetTotalEnergyConsumption": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
+        "nvmlDeviceGetEnforcedPowerLimit": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+        "nvmlDeviceGetFanSpeed": lambda: pynvml.nvmlDeviceGetFanSpeed(h),
+        "nvmlDeviceGetPerformanceState": lambda: pynvml.nvmlDeviceGetPerformanceState(h),
+        "nvmlDeviceGetFieldValues(MEMORY_TEMP)": lambda: _field(pynvml, h, pynvml.NVML_FI_DEV_MEMORY_TEMP),
+        "nvmlDeviceGetMemoryInfo_v2": memory_v2,
+        "nvmlDeviceGetPcieThroughput(TX_BYTES)": lambda: pynvml.nvmlDeviceGetPcieThroughput(
+            h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+        "nvmlDeviceGetPcieThroughput(RX_BYTES)": lambda: pynvml.nvmlDeviceGetPcieThroughput(
+            h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
+        "nvmlDeviceGetPcieReplayCounter": lambda: pynvml.nvmlDeviceGetPcieReplayCounter(h),
+        "nvmlDeviceGetCurrPcieLinkGeneration": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+        "nvmlDeviceGetCurrPcieLinkWidth": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+        "nvmlDeviceGetRetiredPages(SINGLE_BIT)": lambda: pages(
+            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+        "nvmlDeviceGetRetiredPages(DOUBLE_BIT)": lambda: pages(pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
+        "nvmlDeviceGetRetiredPagesPendingStatus": lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h),
+        "nvmlDeviceGetRemappedRows": lambda: list(pynvml.nvmlDeviceGetRemappedRows(h)),
+        "nvmlGpmQueryDeviceSupport": lambda: pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice,
+    }
+    return {name: _read(fn) for name, fn in calls.items()}
+
+
+def _direct_links(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
+    """Every link index's state; for the links that exist, their data and error counters."""
+    out: dict[str, dict[str, Any]] = {}
+    counters = {"crc": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+                "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY}
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        state = _read(lambda link=link: pynvml.nvmlDeviceGetNvLinkState(h, link))
+        if state.get("error") in ("NVMLError_NotSupported", "NVMLError_InvalidArgument"):
+            continue  # no such link: the answer the backend skips
+        out[f"nvlink {link} state"] = state
+        for name, fid in (("tx KiB", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
+                          ("rx KiB", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)):
+            out[f"nvlink {link} {name}"] = _read(lambda fid=fid, link=link: _field(pynvml, h, fid, link))
+        for name, counter in counters.items():
+            out[f"nvlink {link} {name} errors"] = _read(
+                lambda counter=counter, link=link: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
+    return out
+
+
+def _direct_gpm(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
+    """Two GPM samples half a second apart and the five metrics between them (GPM devices only)."""
+    from exporter.node.nvml.gpm import METRICS
+
+    out: dict[str, dict[str, Any]] = {}
+    buffers: list[Any] = []
+
+    def alloc() -> str:
+        buffers.append(pynvml.nvmlGpmSampleAlloc())
+        return "ok"
+
+    try:
+        out["nvmlGpmSampleAlloc"] = _read(alloc)
+        out["nvmlGpmSampleAlloc (second)"] = _read(alloc)
+        if len(buffers) < 2:
+            return out
+        out["nvmlGpmSampleGet"] = _read(lambda: pynvml.nvmlGpmSampleGet(h, buffers[0]) and "ok")
+        time.sleep(0.5)
+        out["nvmlGpmSampleGet (second)"] = _read(lambda: pynvml.nvmlGpmSampleGet(h, buffers[1]) and "ok")
+        get = pynvml.c_nvmlGpmMetricsGet_t()
+        get.version, get.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, len(METRICS)
+        get.sample1, get.sample2 = buffers
+        for i, (_, metric_id) in enumerate(METRICS):
+            get.metrics[i].metricId = metric_id
+        result = _read(lambda: pynvml.nvmlGpmMetricsGet(get) and "ok")
+        out["nvmlGpmMetricsGet"] = result
+        if "error" not in result:
+            for i, (name, _) in enumerate(METRICS):
+                m = get.metrics[i]
+                out[f"gpm {name} (percent)"] = ({"value": m.value} if m.nvmlReturn == pynvml.NVML_SUCCESS
+                                                else {"error": type(pynvml.NVMLError(m.nvmlReturn)).__name__})
+    finally:
+        for buffer in buffers:
+            out.setdefault("nvmlGpmSampleFree", _read(lambda b=buffer: pynvml.nvmlGpmSampleFree(b) or "ok"))
+    return out
+
+
+def _health_mismatches(direct: dict[str, dict[str, Any]], rows: list[Any]) -> list[str]:
+    """Where the backend's health (two cycles of one card) disagrees with the direct reads."""
+    first, second = rows[0].health, rows[-1].health
+    wrong = []
+    for field, call in HEALTH_READS.items():
+        answer = direct.get(call, {})
+        has = "value" in answer and not (field == "performance_state" and answer["value"] == 32)
+        if (getattr(second, field) is not None) != has:
+            wrong.append(f"{field}: backend {getattr(second, field)!r}, direct {answer}")
+        elif has and field in STABLE:
+            want = answer["value"][0] if field == "remapped_rows_correctable" else answer["value"]
+            if getattr(second, field) != want:
+                wrong.append(f"{field}: backend {getattr(second, field)!r} != direct {want!r}")
+    memory = "value" in direct.get("nvmlDeviceGetMemoryInfo_v2", {})
+    if rows[-1].parent_uuid is None and (rows[-1].memory_reserved_bytes is not None) != memory:
+        wrong.append(f"memory_reserved_bytes: backend {rows[-1].memory_reserved_bytes!r}, direct {memory}")
+    if first.energy_millijoules is not None and second.energy_millijoules is not None \
+            and second.energy_millijoules < first.energy_millijoules:
+        wrong.append("energy_millijoules went backwards")
+    links = sorted(int(k.split()[1]) for k in direct if k.endswith(" state"))
+    if [n.link for n in second.nvlinks] != links:
+        wrong.append(f"nvlinks: backend {[n.link for n in second.nvlinks]}, direct {links}")
+    gpm_supported = direct.get("nvmlGpmQueryDeviceSupport", {}).get("value") == 1
+    if first.gpm is not None or (second.gpm is not None) != gpm_supported:
+        wrong.append(f"gpm: first cycle {first.gpm}, second {second.gpm}, device support {gpm_supported}")
+    return wrong
+
+
+def health_checks(first: Any, second: Any, report: dict[str, Any], check: Any) -> None:
+    """Read every health call straight for each card, print it, and check the backend against it."""
+    import pynvml
+
+    report["health_direct"] = {}
+    pynvml.nvmlInit()  # a second reference next to the backend's
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            direct = _direct_card(pynvml, h) | _direct_links(pynvml, h)
+            if direct["nvmlGpmQueryDeviceSupport"].get("value") == 1:
+                direct |= _direct_gpm(pynvml, h)
+            report["health_direct"][uuid] = direct
+            for name, answer in direct.items():
+                print(f"  {uuid} {name}: {answer.get('value', answer.get('error'))}", flush=True)
+            mistakes = {k: v["error"] for k, v in direct.items()
+                        if v.get("error", "").startswith("python:") or v.get("error") in CALLING_MISTAKES}
+            check(f"{uuid} health calls", not mistakes, mistakes or f"{len(direct)} reads")
+            rows = [next((d for d in s.devices if uuid in (d.uuid, d.parent_uuid)), None) for s in (first, second)]
+            if None in rows or any(r.lost for r in rows):
+                check(f"{uuid} backend health agrees", False, "no row of the card in both cycles")
+                continue
+            wrong = _health_mismatches(direct, rows)
+            check(f"{uuid} backend health agrees", not wrong, wrong or _health_text(rows[-1].health))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _health_text(value: Any) -> str:
+    """A short one-line rendering of a DeviceHealth for the summary."""
+    d = asdict(value)
+    d["nvlinks"] = len(d["nvlinks"])
+    return str({k: v for k, v in d.items() if v is not None})
 
 
 def _finish(report: dict[str, Any], backend: Any, out_dir: Path) -> int:

@@ -30,3 +30,37 @@ def test_device_check_reads_every_device_through_the_real_backend(tmp_path: Path
     assert seen == want
     assert all(c["ok"] for c in report["checks"].values())
     assert report["driver_version"]
+
+
+def test_device_check_reads_every_health_call_and_checks_the_backend_against_it(tmp_path: Path) -> None:
+    from tests.test_nvml_health import H100
+
+    t4 = {"uuid": "GPU-c1000000-0000-4000-8000-000000000000", "name": "Tesla T4", "memory_total_bytes": 16 << 30,
+          "memory_used_bytes": 1 << 30, "retired_pages_single_bit": 2, "retired_pages_pending": 0}
+    scenario = {"node": "n", "devices": [H100, t4]}
+    lib = build_fake_nvml(tmp_path / "lib")
+    env = subprocess_env(lib.parent, write_config(scenario, tmp_path / "fake.conf"))
+    env["OUT"] = str(tmp_path / "out")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "device-check.py"), "--no-load"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((tmp_path / "out" / "device-check.json").read_text())
+    checks = report["checks"]
+    for uuid in (H100["uuid"], t4["uuid"]):
+        assert checks[f"{uuid} health calls"]["ok"] and checks[f"{uuid} backend health agrees"]["ok"]
+    h100, other = report["health_direct"][H100["uuid"]], report["health_direct"][t4["uuid"]]
+    # every new call read straight, its answer printed
+    assert h100["nvmlDeviceGetEnforcedPowerLimit"] == {"value": 700_000}
+    assert h100["nvmlDeviceGetFieldValues(MEMORY_TEMP)"] == {"value": 71}
+    assert h100["nvmlDeviceGetMemoryInfo_v2"]["value"]["reserved"] == 600 << 20
+    assert h100["nvmlDeviceGetRemappedRows"] == {"value": [6, 2, 1, 0]}
+    assert sorted(k for k in h100 if k.endswith(" state")) == ["nvlink 0 state", "nvlink 17 state", "nvlink 5 state"]
+    assert h100["nvlink 0 tx KiB"] == {"value": 10} and h100["nvlink 5 tx KiB"] == {"error": "NVMLError_NotSupported"}
+    assert h100["gpm sm_active (percent)"] == {"value": 50.0}
+    assert other["nvmlDeviceGetRetiredPages(SINGLE_BIT)"] == {"value": 2}
+    assert other["nvmlDeviceGetFanSpeed"] == {"error": "NVMLError_NotSupported"}
+    assert other["nvmlGpmQueryDeviceSupport"] == {"value": 0} and "nvmlGpmMetricsGet" not in other
+    assert f"{H100['uuid']} nvmlDeviceGetTotalEnergyConsumption: " in r.stdout
+    assert len(report["sample_seconds"]) == 2
+    second = {d["uuid"]: d for d in report["samples"][1]}
+    assert second[H100["uuid"]]["health"]["gpm"]["sm_active"] == 0.5  # the backend's second cycle

@@ -31,6 +31,8 @@ GPU0: dict[str, Any] = {
     "pci_bus_id": "00000000:3B:00.0",
     "memory_total_bytes": 80 * GIB,
     "memory_used_bytes": 30 * GIB,
+    # given, not left out: an absent one reads 0 in the fake and None in the simulated node
+    "memory_reserved_bytes": 600 << 20,
     "utilization_gpu": 87,
     "utilization_memory": 41,
     "power_usage_milliwatts": 312_500,
@@ -54,6 +56,7 @@ GPU1: dict[str, Any] = {
     "pci_bus_id": "00000000:86:00.0",
     "memory_total_bytes": 80 * GIB,
     "memory_used_bytes": 2 * GIB,
+    "memory_reserved_bytes": 500 << 20,
     "utilization_gpu": 10,
     "utilization_memory": 3,
     "power_usage_milliwatts": 95_000,
@@ -120,6 +123,7 @@ def expected_device(index: int, d: dict[str, Any]) -> DeviceSample:
         index=index, uuid=d["uuid"], name=d["name"], minor_number=d["minor_number"],
         pci_bus_id=d["pci_bus_id"],
         memory_total_bytes=d["memory_total_bytes"], memory_used_bytes=d["memory_used_bytes"],
+        memory_reserved_bytes=d.get("memory_reserved_bytes"),
         utilization_gpu=d["utilization_gpu"], utilization_memory=d["utilization_memory"],
         power_usage_milliwatts=d["power_usage_milliwatts"], temperature_celsius=d["temperature_celsius"],
         sm_clock_mhz=d.get("sm_clock_mhz"), memory_clock_mhz=d.get("memory_clock_mhz"),
@@ -221,7 +225,7 @@ def test_not_supported_fields_are_none_and_not_errors(nvml: Harness) -> None:
     s = backend.sample()
     assert dict(s.errors) == {}
     blank = dict.fromkeys(
-        ("memory_total_bytes", "memory_used_bytes", "utilization_gpu", "utilization_memory",
+        ("memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes", "utilization_gpu", "utilization_memory",
          "power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
          "encoder_utilization", "decoder_utilization", "ecc_corrected_total", "ecc_uncorrected_total",
          "clocks_event_reasons"))
@@ -420,6 +424,10 @@ def mig_scenario(**nvml: Any) -> dict[str, Any]:
     doc = yaml.safe_load(MIG_EXAMPLE.read_text())
     doc["devices"][0].update(sm_clock_mhz=1410, memory_clock_mhz=1593, ecc_corrected=3, ecc_uncorrected=0,
                              clocks_event_reasons=0x1, encoder_utilization=4, decoder_utilization=5)
+    # per handle, at most the used memory (v1's used includes it); given, as for GPU0
+    for m, reserved in zip(doc["devices"][0]["mig_devices"], (64 << 20, 32 << 20, 0), strict=True):
+        m["memory_reserved_bytes"] = reserved
+    doc["devices"][1]["memory_reserved_bytes"] = 600 << 20
     if nvml:
         doc["nvml"] = nvml
     return doc
@@ -501,7 +509,7 @@ def test_a_failing_mig_call_costs_that_field_only(nvml: Harness, monkeypatch: py
     s = backend.sample()
     want = simulated.sample().devices
     assert s.devices[0] == want[0] and s.devices[3] == want[3]
-    assert s.devices[1] == replace(want[1], memory_total_bytes=None, memory_used_bytes=None)
+    assert s.devices[1] == replace(want[1], memory_total_bytes=None, memory_used_bytes=None, memory_reserved_bytes=None)
     assert s.devices[2] == replace(want[2], gpu_instance_id=None)
     assert dict(s.errors) == {("nvmlDeviceGetMemoryInfo", "NVMLError_NoPermission"): 2,
                               # identity not complete: asked again until it is
@@ -528,7 +536,7 @@ def test_a_mig_device_that_cannot_be_read_keeps_its_row(nvml: Harness, monkeypat
                         lambda h, *a, **k: object() if uuid_of(h) == MIG_3G else real_memory(h, *a, **k))
     s = backend.sample()
     absent = {"lost": False, "processes_ok": False, "util_samples_ok": False, "processes": ()}
-    blank = dict.fromkeys(("memory_total_bytes", "memory_used_bytes", "power_usage_milliwatts",
+    blank = dict.fromkeys(("memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes", "power_usage_milliwatts",
                            "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "ecc_corrected_total",
                            "ecc_uncorrected_total", "clocks_event_reasons"))
     # the slot without a handle: the MIG device found there before, without values
@@ -603,7 +611,8 @@ def test_gpu_is_lost_from_one_mig_device_takes_the_whole_card(nvml: Harness) -> 
     assert not s.devices[3].lost
     # counted once, and the other MIG devices were not asked after it
     assert dict(s.errors) == {("nvmlDeviceGetProcessUtilization", "NVMLError_GpuIsLost"): 1}
-    assert fake.calls("nvmlDeviceGetMemoryInfo") == (3 + 1) + (1 + 1)  # cycle 2 stopped at the first MIG device
+    # one memory read per handle starts with v2 (v1 follows where v2 is NotSupported)
+    assert fake.calls("nvmlDeviceGetMemoryInfo_v2") == (3 + 1) + (1 + 1)  # cycle 2 stopped at the first MIG device
 
 
 def test_mig_card_lost_before_its_mig_devices_were_found(nvml: Harness) -> None:

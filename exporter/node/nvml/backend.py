@@ -1,7 +1,7 @@
 """The production sampler: reads every GPU through NVML (pynvml) into a NodeSample.
 
-Composes the package's parts (device identity, per-field reads, error accounting; each
-module's docstring has its rules) under these rules:
+Composes the package's parts (device identity, per-field reads, health reads with GPM, error
+accounting; each module's docstring has its rules) under these rules:
 
 * ``sample()`` never raises. Each NVML call is wrapped on its own (``errors.py``): a failure
   costs that field, and the counts show in ``NodeSample.errors``.
@@ -10,15 +10,18 @@ module's docstring has its rules) under these rules:
   backoff on an injectable monotonic clock.
 * ``GPU_IS_LOST`` marks that device lost (``DeviceSample.lost``) for the cycle and the rest
   of its reads are skipped; the other devices keep reporting. A lost device is re-probed
-  with exponential backoff, not every cycle.
+  with exponential backoff, not every cycle; its GPM sample buffers are freed (a new pair is
+  allocated when it is back), as are every device's in ``close()``, before nvmlShutdown.
+* Each GPU sample carries the card's ``health`` (``health.py``), read before its other values.
 * An unexpected exception outside NVML's error classes is counted under ``("sample_device",
   name)`` (that device reports no values this cycle) or ``("sample", name)``.
 
 MIG (docs/metrics.md, "MIG"): a GPU in MIG mode is not reported itself; its MIG devices take its
 place, with the same fields as the simulated node gives them.
 
-* Minor number and PCI bus id are the card's; power, temperature, clocks, ECC and clocks event
-  reasons are read once per cycle on the card and repeated on each of its MIG devices.
+* Minor number and PCI bus id are the card's; power, temperature, clocks, ECC, clocks event
+  reasons and health are read once per cycle on the card and repeated on each of its MIG devices
+  (a MIG device without values this cycle gets no health either).
 * A failing MIG call costs that field, or that MIG device when unexpected; ``GPU_IS_LOST`` from
   the card or any of its MIG devices marks the card lost, reported as its last known MIG devices,
   all lost (or as the card when none was ever found), re-probed with the card's backoff.
@@ -32,9 +35,10 @@ from collections.abc import Callable
 
 import pynvml
 
-from exporter.model import DeviceSample, NodeSample
+from exporter.model import NO_HEALTH, DeviceHealth, DeviceSample, NodeSample
 from exporter.node.nvml.errors import CallErrors, DeviceLost, capped_backoff, error_name
 from exporter.node.nvml.fields import FieldReader
+from exporter.node.nvml.health import HealthReader
 from exporter.node.nvml.identity import Device, IdentityReader, Mig, absent, absent_mig
 
 
@@ -66,6 +70,7 @@ class NvmlBackend:
         self._errors = CallErrors()
         self._identity = IdentityReader(self._errors)
         self._fields = FieldReader(self._errors)
+        self._health = HealthReader(self._errors)
 
     @property
     def nvml_up(self) -> bool:
@@ -96,6 +101,7 @@ class NvmlBackend:
             self._closed = True
             if self._initialized:
                 self._initialized = False
+                self._health.close()  # GPM buffers belong to this NVML session
                 try:
                     pynvml.nvmlShutdown()
                 except Exception as e:
@@ -149,6 +155,7 @@ class NvmlBackend:
         try:
             samples = self._read_device(dev)
         except DeviceLost:
+            self._health.forget(dev.index)
             dev.lost = True
             dev.lost_failures += 1
             dev.next_probe_at = now + capped_backoff(*self._lost_backoff, dev.lost_failures)
@@ -169,6 +176,9 @@ class NvmlBackend:
         return (self._read_gpu(dev),)
 
     def _read_gpu(self, dev: Device) -> DeviceSample:
+        # Health first: a driver does not mind the order, and the fake's clock moves at the
+        # utilization probe, so its energy counter then reads as the simulated node's.
+        health = self._health.read(dev)
         return DeviceSample(
             index=dev.index,
             uuid=dev.uuid,
@@ -177,6 +187,7 @@ class NvmlBackend:
             pci_bus_id=dev.pci_bus_id,
             **self._fields.handle_values(dev),
             **self._fields.card_values(dev.handle),
+            health=health,
         )
 
     # ---- MIG -------------------------------------------------------------------------------
@@ -184,10 +195,12 @@ class NvmlBackend:
     def _read_mig_card(self, dev: Device) -> tuple[DeviceSample, ...]:
         card = self._fields.card_values(dev.handle)
         dev.migs = self._identity.enumerate_migs(dev)
+        # once for the card, before its MIG devices as on a whole GPU; none to carry it: not read
+        health = self._health.read(dev) if dev.migs else NO_HEALTH
         samples = []
         for m in dev.migs:
             try:
-                samples.append(self._read_mig(dev, m, card))
+                samples.append(self._read_mig(dev, m, card, health))
             except DeviceLost:
                 raise  # the whole card
             except Exception as e:  # a surprise on one MIG device costs only its values
@@ -195,7 +208,7 @@ class NvmlBackend:
                 samples.append(absent_mig(dev, m, lost=False))
         return tuple(samples)
 
-    def _read_mig(self, dev: Device, m: Mig, card: dict[str, int | None]) -> DeviceSample:
+    def _read_mig(self, dev: Device, m: Mig, card: dict[str, int | None], health: DeviceHealth) -> DeviceSample:
         if m.handle is None:
             return absent_mig(dev, m, lost=False)
         if not m.identity_ok:
@@ -212,4 +225,5 @@ class NvmlBackend:
             compute_instance_id=m.compute_instance_id,
             mig_profile=m.profile,
             **card,
+            health=health,
         )

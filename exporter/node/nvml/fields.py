@@ -1,6 +1,12 @@
 """Per-field reads of one handle: memory, utilization, power, temperature, clocks, ECC, clocks
-event reasons, running processes and per-process utilization samples.
+event reasons, running processes and per-process utilization samples. The card's health signals
+(energy, PCIe, row remapping, NVLink, GPM, ...) are read by ``health.py``.
 
+* Memory comes from ``nvmlDeviceGetMemoryInfo_v2`` (``nvmlMemory_v2``), whose ``reserved`` is
+  ``memory_reserved_bytes``; ``memory_used_bytes`` keeps v1's meaning (reserved included: v1 used =
+  v2 used + reserved), so the series does not change under a newer driver. Where v2 answers
+  NotSupported, v1 is asked that cycle (reserved None); a driver without the v2 symbol is read
+  through v1 for good, uncounted.
 * Running processes come from the compute, graphics and MPS-compute lists (``_v3`` calls,
   falling back to ``_v2`` for good once a driver older than 510 lacks them). A pid in
   several lists is reported once: its MPS entry wins, then compute, then graphics; the
@@ -51,11 +57,12 @@ class FieldReader:
         self._errors = errors
         self._v2_only: set[str] = set()  # process-list kinds whose _v3 symbol the driver lacks
         self._throttle_reasons_only = False  # driver predates nvmlDeviceGetCurrentClocksEventReasons
+        self._memory_v1_only = False  # driver predates nvmlDeviceGetMemoryInfo_v2
 
     def handle_values(self, dev: Device | Mig) -> dict[str, Any]:
         """What a GPU or MIG handle answers for itself: memory, utilization, processes."""
         h = dev.handle
-        memory = self._errors.call("nvmlDeviceGetMemoryInfo", h)
+        memory_total, memory_used, memory_reserved = self.memory(h)
         # On MIG devices current drivers say NotSupported here; a driver that answers is believed.
         util = self._errors.call("nvmlDeviceGetUtilizationRates", h)
         encoder = self._errors.call("nvmlDeviceGetEncoderUtilization", h)
@@ -63,8 +70,9 @@ class FieldReader:
         processes, processes_ok = self.processes(h)
         util_samples, util_samples_ok = self.util_samples(dev)
         return {
-            "memory_total_bytes": None if memory is None else _known(memory.total),
-            "memory_used_bytes": None if memory is None else _known(memory.used),
+            "memory_total_bytes": memory_total,
+            "memory_used_bytes": memory_used,
+            "memory_reserved_bytes": memory_reserved,
             "utilization_gpu": None if util is None else int(util.gpu),
             "utilization_memory": None if util is None else int(util.memory),
             "encoder_utilization": None if encoder is None else int(encoder[0]),
@@ -74,6 +82,28 @@ class FieldReader:
             "util_samples": util_samples,
             "util_samples_ok": util_samples_ok,
         }
+
+    def memory(self, h: Any) -> tuple[int | None, int | None, int | None]:
+        """Total, used (reserved included, as in v1) and reserved bytes of a GPU or MIG handle."""
+        call = "nvmlDeviceGetMemoryInfo"
+        if not self._memory_v1_only:
+            errors_before = self._errors.events
+            try:
+                memory = self._errors.call(call, h, pynvml.nvmlMemory_v2, fallback=True)
+            except FunctionMissing:
+                self._memory_v1_only = True  # an older driver: v1 has total and used, no reserved
+                memory = None
+            if memory is not None:
+                used, reserved = _known(memory.used), _known(memory.reserved)
+                # a reserved size the driver cannot tell adds nothing to used
+                return _known(memory.total), None if used is None else used + (reserved or 0), reserved
+            if self._errors.events != errors_before:
+                return None, None, None  # failed (counted): v1 would most likely fail alike
+            # NotSupported or no v2 symbol: v1 may still know total and used
+        memory = self._errors.call(call, h)
+        if memory is None:
+            return None, None, None
+        return _known(memory.total), _known(memory.used), None
 
     def card_values(self, h: Any) -> dict[str, int | None]:
         """Power, temperature, clocks, ECC, clocks event reasons: what NVML answers for the card only."""

@@ -1,0 +1,152 @@
+"""GPM (GPU performance monitoring, Hopper and newer): five profiling ratios per device and cycle.
+
+A GPM metric is computed from two samples, so each device keeps two sample buffers:
+
+* ``nvmlGpmQueryDeviceSupport`` is asked once per device: a device without GPM (``isSupportedDevice``
+  0, or NotSupported) reports ``gpm=None`` and is not asked again; a failure is counted and the
+  question is asked again next cycle. A driver without the GPM calls (FunctionNotFound) has no GPM
+  on any device, which is not an error and is not asked again.
+* A supported device gets two buffers (``nvmlGpmSampleAlloc``); each cycle fills one
+  (``nvmlGpmSampleGet``) and, from the second cycle on, ``nvmlGpmMetricsGet`` computes the ratios over
+  previous -> current; then the buffers swap roles. The first cycle and a cycle whose sample failed
+  report ``gpm=None``, never zeros.
+* Each metric carries its own nvmlReturn: NotSupported blanks that ratio only; another code is counted
+  under ``nvmlGpmMetricsGet``; GPU_IS_LOST raises DeviceLost. Values are percent: ratio = value/100,
+  held to 0..1.
+* The buffers are freed (``nvmlGpmSampleFree``) when the device is lost (:meth:`GpmReader.forget`) and
+  on close, before nvmlShutdown; a lost device starts over when it is back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from exporter.model import GpmSample
+from exporter.node.nvml.errors import CallErrors, FunctionMissing, error_name
+
+# GpmSample field -> NVML metric id (each in percent, 0.0 - 100.0)
+METRICS = (
+    ("graphics_active", pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL),
+    ("sm_active", pynvml.NVML_GPM_METRIC_SM_UTIL),
+    ("sm_occupancy", pynvml.NVML_GPM_METRIC_SM_OCCUPANCY),
+    ("tensor_active", pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL),
+    ("dram_active", pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL),
+)
+
+
+@dataclass
+class _DeviceGpm:
+    """GPM state of one device between cycles."""
+
+    supported: bool | None = None  # None: not known yet (not asked, or the answer failed)
+    previous: Any = None  # the buffer holding last cycle's sample
+    current: Any = None  # the buffer this cycle fills
+    have_previous: bool = False  # ``previous`` holds a sample
+
+
+class GpmReader:
+    """GPM ratios per device index; failures go to ``errors``. Raises only DeviceLost."""
+
+    def __init__(self, errors: CallErrors) -> None:
+        """Count failed calls in ``errors``."""
+        self._errors = errors
+        self._devices: dict[int, _DeviceGpm] = {}
+        self._no_gpm = False  # the driver predates the GPM calls
+
+    def read(self, index: int, handle: Any) -> GpmSample | None:
+        """This cycle's ratios over the period since the last cycle; None without two samples."""
+        if self._no_gpm:
+            return None
+        state = self._devices.setdefault(index, _DeviceGpm())
+        try:
+            if not self._ready(state, handle):
+                return None
+            if self._call("nvmlGpmSampleGet", handle, state.current) is None:
+                return None  # the previous sample stays the base of the next period
+            gpm = self._metrics(state) if state.have_previous else None
+        except FunctionMissing:
+            self._no_gpm = True
+            self.close()
+            return None
+        state.previous, state.current = state.current, state.previous
+        state.have_previous = True
+        return gpm
+
+    def forget(self, index: int) -> None:
+        """Free the device's buffers (it was lost); it starts over when it is back."""
+        state = self._devices.pop(index, None)
+        if state is not None:
+            self._free(state)
+
+    def close(self) -> None:
+        """Free every buffer; call before nvmlShutdown."""
+        for index in list(self._devices):
+            self.forget(index)
+
+    def _call(self, call: str, *args: Any) -> Any:
+        return self._errors.call(call, *args, fallback=True)
+
+    def _ready(self, state: _DeviceGpm, handle: Any) -> bool:
+        """Whether the device has GPM and its two buffers. Raises FunctionMissing."""
+        if state.supported is None:
+            errors_before = self._errors.events
+            support = self._call("nvmlGpmQueryDeviceSupport", handle)
+            if support is None:
+                if self._errors.events == errors_before:
+                    state.supported = False  # NotSupported: a definite answer
+                return False
+            state.supported = bool(support.isSupportedDevice)
+        if not state.supported:
+            return False
+        if state.current is None:
+            state.current = self._call("nvmlGpmSampleAlloc")
+        if state.previous is None:
+            state.previous = self._call("nvmlGpmSampleAlloc")
+        # a failed allocation (counted) is tried again next cycle; the one that worked is kept
+        return state.current is not None and state.previous is not None
+
+    def _metrics(self, state: _DeviceGpm) -> GpmSample | None:
+        """The ratios from ``previous`` to ``current``; None when the call failed."""
+        get = pynvml.c_nvmlGpmMetricsGet_t()
+        get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        get.numMetrics = len(METRICS)
+        get.sample1 = state.previous
+        get.sample2 = state.current
+        for i, (_, metric_id) in enumerate(METRICS):
+            get.metrics[i].metricId = metric_id
+        answer = self._call("nvmlGpmMetricsGet", get)
+        if answer is None:
+            return None
+        return GpmSample(**{name: self._ratio(answer.metrics[i]) for i, (name, _) in enumerate(METRICS)})
+
+    def _ratio(self, metric: Any) -> float | None:
+        """One metric's ratio 0..1, or None; its own nvmlReturn handled like a call's."""
+        call = "nvmlGpmMetricsGet"
+        rc = int(metric.nvmlReturn)
+        if rc == pynvml.NVML_ERROR_NOT_SUPPORTED:
+            return None
+        if rc == pynvml.NVML_ERROR_GPU_IS_LOST:
+            raise self._errors.lost(call)
+        if rc != pynvml.NVML_SUCCESS:
+            self._errors.count(call, error_name(pynvml.NVMLError(rc)))
+            return None
+        value = float(metric.value)
+        if not math.isfinite(value):
+            return None  # no measurement (e.g. an empty period), not a zero
+        # the driver's percentages can overshoot 100 by rounding; a ratio is 0..1
+        return min(1.0, max(0.0, value / 100.0))
+
+    def _free(self, state: _DeviceGpm) -> None:
+        for buffer in (state.previous, state.current):
+            if buffer is None:
+                continue
+            try:
+                pynvml.nvmlGpmSampleFree(buffer)
+            except Exception as e:  # nothing to do about it but count: the buffer is dropped either way
+                self._errors.count("nvmlGpmSampleFree", error_name(e))
+        state.previous = state.current = None
+        state.have_previous = False

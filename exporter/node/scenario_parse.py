@@ -1,0 +1,70 @@
+"""Validators for scenario documents: each returns the checked value or raises ScenarioError.
+
+A scenario is user input to a long-running daemon, so every message is one line that names
+the offending key (``where``); the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+
+class ScenarioError(ValueError):
+    """The scenario file is unusable; the message names the offending key."""
+
+
+def as_int(value: object, where: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer (not a bool: YAML ``true`` is no count) within [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{where}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ScenarioError(f"{where}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ScenarioError(f"{where}: must be <= {maximum}, got {value}")
+    return value
+
+
+def as_ratio(value: object, where: str) -> float:
+    """A finite number in 0..1 (YAML ``0`` and ``1`` load as integers, so those count too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(f"{where}: expected a number 0..1, got {value!r}")
+    if not math.isfinite(value) or not 0 <= value <= 1:
+        raise ScenarioError(f"{where}: must be a number 0..1, got {value!r}")
+    return float(value)
+
+
+def as_str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ScenarioError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def quantity_text(value: object, where: str) -> str:
+    """A capacity quantity as the API serves it (a string); YAML integers are accepted."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return as_str(value, where)
+
+
+def as_mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def as_list(value: object, where: str) -> list[Any]:
+    """A list; an absent (null) list is empty."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ScenarioError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def reject_unknown(obj: Mapping[str, Any], allowed: set[str] | frozenset[str], where: str) -> None:
+    """A misspelt key must fail loudly: silently ignoring it would simulate the wrong GPU."""
+    extra = sorted(map(str, set(obj) - allowed))
+    if extra:
+        raise ScenarioError(f"{where}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
