@@ -21,7 +21,10 @@ from exporter.attribution.attribute import (
     NodeAttribution,
     granted_memory,
 )
+from exporter.attribution.usage_counters import UsageCounters
+from exporter.exposition.health_rows import health_families
 from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, select_pod_labels
+from exporter.exposition.usage_rows import usage_families
 from exporter.model import EMPTY, DeviceSample, NodeSample, PodInfo
 
 
@@ -75,6 +78,11 @@ class _Families:
             self._fams[name] = CounterMetricFamily(name, doc, labels=list(labels))
         return self._fams[name]  # type: ignore[return-value]
 
+    def extend(self, families: Iterable[Metric]) -> None:
+        """Families built elsewhere (health_rows), kept in their order."""
+        for fam in families:
+            self._fams.setdefault(fam.name, fam)
+
     def result(self) -> list[Metric]:
         return [f for f in self._fams.values() if f.samples]
 
@@ -86,8 +94,9 @@ def _add(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value:
 
 def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: LabelNames,
                    stats: ExporterStats, per_process: bool = False,
-                   pod_labels: PodLabelAllowlist = NO_POD_LABELS) -> list[Metric]:
-    """All families for one snapshot, in a stable order; ``pod_labels`` picks the pod labels on pod_info."""
+                   pod_labels: PodLabelAllowlist = NO_POD_LABELS, usage: UsageCounters | None = None) -> list[Metric]:
+    """All families for one snapshot, in a stable order; ``pod_labels`` picks the pod labels on pod_info,
+    ``usage`` the per-container counters carried across cycles (none: no counter rows)."""
     f = _Families()
     row_labels = ["allocate_mode", names.container, "minor_number", "name", names.namespace,
                   "node_name", names.pod, "uuid"]
@@ -133,6 +142,8 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
     _pod_info(f, attr.pods, node, names, pod_labels)
     _device_families(f, sample, node)
     _process_families(f, attr.devices, node, names, per_process)
+    if usage is not None:
+        f.extend(usage_families(usage, node, names))
     _self_families(f, sample, stats, node)
     return f.result()
 
@@ -228,6 +239,7 @@ def _device_families(f: _Families, sample: NodeSample, node: str) -> None:
                 f.gauge(name, doc, base).add_metric(lbl, value * scale)
         _add(ecc, [*lbl, "corrected"], d.ecc_corrected_total)
         _add(ecc, [*lbl, "uncorrected"], d.ecc_uncorrected_total)
+    f.extend(health_families(sample.devices, node))
 
 
 def _process_families(f: _Families, devices: Iterable[DeviceAttribution], node: str, names: LabelNames,

@@ -71,8 +71,10 @@ def render(families: Iterable[Metric]) -> bytes:
     out: list[str] = []
     for fam in families:
         name, kind = fam.name, fam.type
-        if kind == "counter":
-            name += "_total"  # client_python strips the suffix from counter family names
+        if kind == "counter" and not (fam.samples and fam.samples[0].name == name):
+            # client_python strips the suffix from counter family names; a counter whose samples
+            # carry the bare name (dcgm-exporter's DCGM_FI_*, exposition/dcgm.py) keeps it.
+            name += "_total"
         elif kind == "unknown":
             kind = "untyped"
         elif kind == "info":

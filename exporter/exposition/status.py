@@ -25,8 +25,9 @@ from exporter.attribution.attribute import (
     PlacedAllocation,
     ProcessAttribution,
 )
+from exporter.exposition.health_rows import decode_clocks_event_reasons
 from exporter.exposition.rows import ExporterStats
-from exporter.model import DeviceSample, NodeSample
+from exporter.model import DeviceHealth, DeviceSample, NodeSample
 
 XID_FAMILY = "nvidia_gpu_xid_errors"
 LAST_XID_FAMILY = "nvidia_gpu_last_xid_timestamp_seconds"
@@ -72,9 +73,23 @@ def _device_values(d: DeviceSample) -> dict[str, Any]:
         "memory_used_bytes": d.memory_used_bytes,
         "memory_total_bytes": d.memory_total_bytes,
         "power_watts": _watts(d.power_usage_milliwatts),
-        "power_limit_watts": None,  # not sampled yet: the field is there for when it is
+        "power_limit_watts": _watts(d.health.power_limit_milliwatts),
         "temperature_celsius": d.temperature_celsius,
+        "energy_joules": None if (mj := d.health.energy_millijoules) is None else mj / 1000,
+        "clocks_event_reasons": None if d.clocks_event_reasons is None
+        else list(decode_clocks_event_reasons(d.clocks_event_reasons)),
+        "remapped_rows": _remapped_rows(d.health),
     }
+
+
+def _remapped_rows(h: DeviceHealth) -> dict[str, Any] | None:
+    """Row-remap state (pending: reset the GPU; failure: replace it); ``None`` when NVML gave none."""
+    values = (h.remapped_rows_correctable, h.remapped_rows_uncorrectable, h.remapped_rows_pending,
+              h.remapped_rows_failure)
+    if all(v is None for v in values):
+        return None
+    flag = [None if v is None else bool(v) for v in values[2:]]
+    return {"correctable": values[0], "uncorrectable": values[1], "pending": flag[0], "failure": flag[1]}
 
 
 def _container_key(namespace: str, pod: str, container: str) -> tuple[str, str, str]:

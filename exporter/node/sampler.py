@@ -20,6 +20,8 @@ from prometheus_client.core import Metric
 from exporter.attribution.allocations import compute_allocations
 from exporter.attribution.attribute import NodeAttribution, PodLookup, attribute
 from exporter.attribution.dra_objects import PodClaims
+from exporter.attribution.usage_counters import MAX_PERIOD_INTERVALS, UsageCounters, advance
+from exporter.exposition.dcgm import dcgm_families
 from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, pod_label_skips
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.exposition.snapshot import Snapshot, make_snapshot, with_sample_failures
@@ -107,6 +109,8 @@ class Pipeline:
         resource_slices: Callable[[], Sequence[Any]] = tuple,
         resource_claims: Callable[[], Sequence[Any]] = tuple,
         pod_claims: Callable[[], Mapping[str, PodClaims]] = dict,
+        dcgm_compat: bool = False,
+        last_xid: Callable[[], Mapping[str, tuple[float, int]] | None] = lambda: None,
     ) -> None:
         self.backend = backend
         self.proc = proc
@@ -124,10 +128,17 @@ class Pipeline:
         self.resource_slices = resource_slices
         self.resource_claims = resource_claims
         self.pod_claims = pod_claims
+        # --dcgm-compat: dcgm-exporter's DCGM_FI_* series too; last_xid: uuid -> (time, Xid), None without a watcher
+        self.dcgm_compat = dcgm_compat
+        self.last_xid = last_xid
         self.samples_total = 0
         self.failures_total = 0
         self._skips: dict[str, int] = {}
         self.last_sample: NodeSample | None = None  # the last cycle's, for readiness and the start-up summary
+        # Busy seconds and energy per container, carried from cycle to cycle; ``interval`` (set by
+        # SamplerThread) bounds the period a cycle may integrate over.
+        self.usage = UsageCounters()
+        self.interval = 1.0
 
     def step(self) -> tuple[Snapshot, NodeAttribution]:
         """Run one cycle; raises only on programming errors (the thread counts those)."""
@@ -141,7 +152,8 @@ class Pipeline:
                                           self.pod_resources(), self.node_capacity(), self.resource_slices(),
                                           self.resource_claims(), self.pod_claims(), self.node_name)
         attr = attribute(sample, placement, state.view, allocations.allocations)
-        for source in (allocations.skips, attr.skips, pod_label_skips(attr.pods, self.pod_labels)):
+        self.usage = advance(self.usage, attr, sample, MAX_PERIOD_INTERVALS * self.interval)
+        for source in (allocations.skips, attr.skips, pod_label_skips(attr.pods, self.pod_labels), self.usage.skips):
             for reason, n in source.items():
                 self._skips[reason] = self._skips.get(reason, 0) + n
         self.samples_total += 1
@@ -162,8 +174,10 @@ class Pipeline:
         if sample.duration_seconds == 0.0:
             sample = replace(sample, duration_seconds=time.monotonic() - started)
         families = build_families(attr, sample, self.node_name, self.names, stats, self.per_process,
-                                  self.pod_labels)
+                                  self.pod_labels, usage=self.usage)
         families += self.extra_families()
+        if self.dcgm_compat:
+            families += dcgm_families(attr, sample, self.node_name, self.last_xid())
         owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)
                   for d in attr.devices for p in d.processes if p.pod is not None}
         status = build_status(attr, sample, stats, families, self.node_name, now)
@@ -180,6 +194,7 @@ class SamplerThread(threading.Thread):
         self.pipeline = pipeline
         self.holder = holder
         self.interval = interval
+        pipeline.interval = interval  # the usage counters' longest period follows the real one
         self.on_cycle = on_cycle
         # not ``_stop``: threading.Thread has a method of that name, which join() and is_alive() call
         self._stopping = threading.Event()

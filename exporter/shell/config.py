@@ -25,8 +25,8 @@ _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # used with fullmatch: "$" would
 # twice, or makes rows of different families join on the wrong thing; tests/test_startup_errors.py
 # renders every example and fails when a family gains a label missing here.
 FIXED_LABELS = frozenset({
-    "allocate_mode", "call", "code", "compute_instance_id", "driver_version", "gpu_instance_id",
-    "minor_number", "name", "node_name", "parent_uuid", "pci_bus_id", "pid", "pod_uid", "profile",
+    "allocate_mode", "call", "cause", "code", "compute_instance_id", "driver_version", "gpu_instance_id",
+    "link", "minor_number", "name", "node_name", "parent_uuid", "pci_bus_id", "pid", "pod_uid", "profile",
     "reason", "result", "scheme", "type", "uuid", "version", "workload_kind", "workload_name", "xid",
 })
 
@@ -61,6 +61,7 @@ class Config:
     log_format: str = "text"
     ready_without_nvml: bool = False
     web_config_file: str | None = None
+    dcgm_compat: bool = False
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -116,6 +117,8 @@ OPTIONS: tuple[Option, ...] = (
            f"nvidia_gpu_pod_info, named {PREFIX} + the sanitised key, at most {MAX_LABELS_PER_POD} per pod "
            "(docs/metrics.md#chargeback-by-pod-label); empty: none"),
     Option("--per-process-metrics", False, "also export one row per GPU process", bool),
+    Option("--dcgm-compat", False, "also export dcgm-exporter's DCGM_FI_* series (names, units, labels), so its "
+           "dashboards and alerts work unchanged (docs/metrics.md#dcgm-compatibility---dcgm-compat)", bool),
     Option("--xid", True, "watch the kernel log for NVIDIA Xid errors", bool),
     Option("--kmsg-path", None, "kernel log device or a file of kmsg records; 'none' for no kernel log "
            "(Xids from NVML events only) (default /dev/kmsg; none under --simulate)"),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from exporter.model import PodResources
 from exporter.shell.logging_setup import StateLog
-from exporter.xid.stats import XidStats
+from exporter.xid.stats import XidStats, last_xids
 
 log = logging.getLogger("kube_gpu_exporter")
 
@@ -56,3 +56,7 @@ class XidSource:
 
     def __call__(self) -> list:
         return self.families()
+
+    def last_xid(self) -> dict[str, tuple[float, int]] | None:
+        """uuid -> (time, Xid) of each GPU's latest Xid; None when no watcher counts them (--no-xid)."""
+        return None if self.stats is None else last_xids(self.stats())

@@ -25,6 +25,7 @@ class XidStats:
 
     xid_counts: Mapping[XidCountKey, int] = field(default_factory=lambda: EMPTY)
     last_xid_time: Mapping[tuple[str, int | None], float] = field(default_factory=lambda: EMPTY)
+    last_xid: Mapping[tuple[str, int | None], int] = field(default_factory=lambda: EMPTY)  # the Xid of last_xid_time
     records_read: int = 0
     history_skipped: int = 0  # records present at start and not replayed
     skips: Mapping[str, int] = field(default_factory=lambda: EMPTY)  # by reason
@@ -51,6 +52,7 @@ class XidCounters:
         self.lock = lock if lock is not None else threading.Lock()
         self._counts: Counter[XidCountKey] = Counter()
         self._last_time: dict[tuple[str, int | None], float] = {}
+        self._last_xid: dict[tuple[str, int | None], int] = {}
         self._skips: Counter[str] = Counter()
         self._records = 0
         self._history_skipped = 0
@@ -78,6 +80,7 @@ class XidCounters:
         """Count one Xid seen at ``observed`` (caller holds :attr:`lock`)."""
         self._counts[key] += 1
         self._last_time[(key[0], key[1])] = observed
+        self._last_xid[(key[0], key[1])] = key[2]
 
     def snapshot(
         self,
@@ -92,6 +95,7 @@ class XidCounters:
         return XidStats(
             xid_counts=MappingProxyType(dict(self._counts)),
             last_xid_time=MappingProxyType(dict(self._last_time)),
+            last_xid=MappingProxyType(dict(self._last_xid)),
             records_read=self._records,
             history_skipped=self._history_skipped,
             skips=MappingProxyType(dict(self._skips)),
@@ -105,6 +109,15 @@ class XidCounters:
             nvml_held=nvml_held,
             nvml_errors=nvml_errors,
         )
+
+
+def last_xids(stats: XidStats) -> dict[str, tuple[float, int]]:
+    """uuid -> (unix time, Xid) of each GPU's latest Xid (``DCGM_FI_DEV_XID_ERRORS`` under --dcgm-compat)."""
+    out: dict[str, tuple[float, int]] = {}
+    for (uuid, minor), xid in stats.last_xid.items():
+        seen = (stats.last_xid_time.get((uuid, minor), 0.0), xid)
+        out[uuid] = max(out.get(uuid, seen), seen)
+    return out
 
 
 def xid_metric_families(

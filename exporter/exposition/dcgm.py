@@ -1,0 +1,247 @@
+"""dcgm-exporter compatible series (``--dcgm-compat``): ``DCGM_FI_*`` families for existing dashboards and alerts.
+
+Pure: one attributed sample in, metric families out, with dcgm-exporter's names, types, units and
+labels (its etc/default-counters.csv and render template, release 4.5.3-4.8.2; docs/metrics.md
+"DCGM compatibility"). Units are DCGM's: framebuffer in MiB, power in W, energy in mJ, clocks in
+MHz, temperatures in C, PROF_* as ratios. Counters keep DCGM's bare names (no ``_total``).
+
+Where it differs from dcgm-exporter, on purpose:
+
+* a shared GPU's series appear once, without pod labels (dcgm-exporter repeats the device value
+  for every pod); each container's share is in the native ``nvidia_gpu_*`` per-container series;
+* ``Hostname`` is the node name (dcgm-exporter's is its own host name: the pod's, in a cluster);
+* on a MIG card the card's own fields (power, temperatures, clocks, energy, health) appear once
+  per card, without ``GPU_I_*``; the MIG devices carry their memory and utilization and the pod
+  labels of their holder. ``UUID`` is the card's on both, as dcgm-exporter's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+from prometheus_client.samples import Sample
+
+from exporter.attribution.attribute import EXCLUSIVE, NodeAttribution
+from exporter.model import DeviceSample, NodeSample, NvLinkSample
+
+MIB = 2**20
+Value = Callable[[DeviceSample], float | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One DCGM field as dcgm-exporter exposes it."""
+
+    name: str
+    kind: str  # gauge | counter, as dcgm-exporter's CSV types it
+    help: str
+    value: Value
+
+
+def _mib(v: int | None) -> float | None:
+    return None if v is None else float(v // MIB)  # DCGM reports whole MiB
+
+
+def _used_mib(d: DeviceSample) -> float | None:
+    """DCGM's FB_USED excludes the reserved memory (nvmlMemory_v2_t.used); our used is v1's, which includes it."""
+    if d.memory_used_bytes is None:
+        return None
+    return _mib(max(0, d.memory_used_bytes - (d.memory_reserved_bytes or 0)))
+
+
+def _free_mib(d: DeviceSample) -> float | None:
+    if d.memory_total_bytes is None or d.memory_used_bytes is None:
+        return None
+    return float(max(0, d.memory_total_bytes - d.memory_used_bytes) // MIB)
+
+
+def _scaled(v: int | None, scale: float) -> float | None:
+    return None if v is None else v * scale
+
+
+def _link_sum(links: Iterable[NvLinkSample], *attrs: str) -> float | None:
+    """The sum of ``attrs`` over the links that report them; None when none does."""
+    values = [getattr(n, a) for n in links for a in attrs if getattr(n, a) is not None]
+    return float(sum(values)) if values else None
+
+
+def _gpm(attr: str) -> Value:
+    return lambda d: None if d.health.gpm is None else getattr(d.health.gpm, attr)
+
+
+def _health(attr: str) -> Value:
+    return lambda d: getattr(d.health, attr)
+
+
+# What each handle answers for itself: a MIG device its own memory and utilization.
+INSTANCE_FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda d: d.utilization_gpu),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", lambda d: d.utilization_memory),
+    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", lambda d: d.encoder_utilization),
+    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", lambda d: d.decoder_utilization),
+    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _free_mib),
+    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _used_mib),
+    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
+          lambda d: _mib(d.memory_reserved_bytes)),
+    Field("DCGM_FI_DEV_FB_TOTAL", "gauge", "Total framebuffer memory (in MiB).",
+          lambda d: _mib(d.memory_total_bytes)),
+)
+
+# What the physical GPU answers (a MIG device repeats its card's: exposed once per card).
+CARD_FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda d: d.sm_clock_mhz),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda d: d.memory_clock_mhz),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", _health("memory_temperature_celsius")),
+    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda d: d.temperature_celsius),
+    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).",
+          lambda d: _scaled(d.power_usage_milliwatts, 1e-3)),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
+          _health("energy_millijoules")),
+    Field("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "gauge", "Effective power limit the driver enforces (in W).",
+          lambda d: _scaled(d.health.power_limit_milliwatts, 1e-3)),
+    Field("DCGM_FI_DEV_FAN_SPEED", "gauge", "Fan speed (in 0-100%).", _health("fan_speed_percent")),
+    Field("DCGM_FI_DEV_PSTATE", "gauge", "Performance state (P-State) 0-15, 0 = highest.",
+          _health("performance_state")),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus, in bytes per "
+          "second (NVML PCIe throughput).", lambda d: _scaled(d.health.pcie_tx_kilobytes_per_second, 1024)),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus, in bytes per "
+          "second (NVML PCIe throughput).", lambda d: _scaled(d.health.pcie_rx_kilobytes_per_second, 1024)),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+          _health("pcie_replay_count")),
+    Field("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe current link generation.", _health("pcie_link_generation")),
+    Field("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe current link width.", _health("pcie_link_width")),
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event (throttle) reasons, a bitmask.",
+          lambda d: d.clocks_event_reasons),
+    # The field's name before DCGM 3.3; alerts in use still read it (tests/data/dcgm/SOURCE.md).
+    Field("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons, a bitmask.",
+          lambda d: d.clocks_event_reasons),
+    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",
+          lambda d: d.ecc_corrected_total),
+    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.",
+          lambda d: d.ecc_uncorrected_total),
+    Field("DCGM_FI_DEV_RETIRED_SBE", "counter", "Total number of retired pages due to single-bit errors.",
+          _health("retired_pages_single_bit")),
+    Field("DCGM_FI_DEV_RETIRED_DBE", "counter", "Total number of retired pages due to double-bit errors.",
+          _health("retired_pages_double_bit")),
+    Field("DCGM_FI_DEV_RETIRED_PENDING", "counter", "Total number of pages pending retirement.",
+          _health("retired_pages_pending")),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors",
+          _health("remapped_rows_uncorrectable")),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors",
+          _health("remapped_rows_correctable")),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
+          _health("remapped_rows_failure")),
+    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending (reset the GPU)",
+          _health("remapped_rows_pending")),
+    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for all "
+          "lanes (data bytes sent and received).", lambda d: _link_sum(d.health.nvlinks, "tx_bytes", "rx_bytes")),
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control CRC "
+          "errors.", lambda d: _link_sum(d.health.nvlinks, "crc_errors")),
+    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
+          lambda d: _link_sum(d.health.nvlinks, "replay_errors")),
+    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.",
+          lambda d: _link_sum(d.health.nvlinks, "recovery_errors")),
+    # DCGM's profiling (DCP) fields from NVML's GPM: Hopper and newer, absent elsewhere (never 0).
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
+          _gpm("graphics_active")),
+    Field("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
+          _gpm("sm_active")),
+    Field("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
+          _gpm("sm_occupancy")),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
+          _gpm("tensor_active")),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active sending or "
+          "receiving data.", _gpm("dram_active")),
+)
+XID_FAMILY = "DCGM_FI_DEV_XID_ERRORS"
+XID_HELP = "Value of the last XID error encountered."
+FAMILY_NAMES = (*(f.name for f in INSTANCE_FIELDS), *(f.name for f in CARD_FIELDS), XID_FAMILY)
+# Labels every series carries, in dcgm-exporter's order; MIG devices add GPU_I_PROFILE, GPU_I_ID after modelName.
+BASE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
+               "container", "namespace", "pod")
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+
+Labels = dict[str, str]
+
+
+def _labels(d: DeviceSample, host: str, driver: str, holder: tuple[str, str, str], mig: bool) -> Labels:
+    """One series' labels; ``holder`` is (container, namespace, pod), empty when no one holds it whole."""
+    card_uuid = d.parent_uuid or d.uuid
+    model = d.name.removesuffix(f" MIG {d.mig_profile}") if d.mig_profile else d.name
+    out = {"gpu": str(d.index), "UUID": card_uuid, "pci_bus_id": d.pci_bus_id, "device": f"nvidia{d.index}",
+           "modelName": model}
+    if mig:
+        out |= {"GPU_I_PROFILE": d.mig_profile, "GPU_I_ID": "" if d.gpu_instance_id is None else
+                str(d.gpu_instance_id)}
+    container, namespace, pod = holder
+    return out | {"Hostname": host, "DCGM_FI_DRIVER_VERSION": driver, "container": container,
+                  "namespace": namespace, "pod": pod}
+
+
+NO_HOLDER = ("", "", "")
+
+
+def _holders(attr: NodeAttribution) -> dict[str, tuple[str, str, str]]:
+    """uuid -> (container, namespace, pod) of the container holding that device whole."""
+    out = {}
+    for da in attr.devices:
+        if da.mode == EXCLUSIVE and len(da.users) == 1:
+            u = da.users[0]
+            out[da.device.uuid] = (u.container, u.pod.namespace, u.pod.name)
+    return out
+
+
+class _Out:
+    """Families by name, in first-use order; dcgm-exporter's counters keep their bare names."""
+
+    def __init__(self) -> None:
+        self.fams: dict[str, Metric] = {}
+
+    def add(self, name: str, kind: str, doc: str, labels: Labels, value: float | None) -> None:
+        if value is None:
+            return  # not supported or not read: no series rather than a made-up 0
+        fam = self.fams.get(name)
+        if fam is None:
+            # Metric (not CounterMetricFamily) keeps the name; snapshot.render adds no _total to it.
+            fam = self.fams[name] = Metric(name, doc, kind)
+        fam.samples.append(Sample(name, labels, float(value)))
+
+
+def dcgm_families(attr: NodeAttribution, sample: NodeSample, hostname: str,
+                  last_xid: Mapping[str, tuple[float, int]] | None = None) -> list[Metric]:
+    """The DCGM_FI_* families of one cycle.
+
+    ``last_xid``: uuid -> (unix time, Xid) of the latest Xid per device (a card's or one of its MIG
+    devices'); None when no Xid watcher runs, then ``DCGM_FI_DEV_XID_ERRORS`` is absent rather than 0.
+    """
+    out = _Out()
+    holders = _holders(attr)
+    cards_seen: set[str] = set()
+    for d in sample.devices:
+        if d.lost:
+            continue  # NVML_ERROR_GPU_IS_LOST: nothing was read
+        mig = d.parent_uuid is not None
+        own = _labels(d, hostname, sample.driver_version, holders.get(d.uuid, NO_HOLDER), mig)
+        for f in INSTANCE_FIELDS:
+            out.add(f.name, f.kind, f.help, own, f.value(d))
+        card_uuid = d.parent_uuid or d.uuid
+        if card_uuid in cards_seen:
+            continue
+        cards_seen.add(card_uuid)
+        # A MIG card is shared by its MIG devices' holders: its own series carry no pod.
+        card = _labels(d, hostname, sample.driver_version, NO_HOLDER, False) if mig else own
+        for f in CARD_FIELDS:
+            out.add(f.name, f.kind, f.help, card, f.value(d))
+        if last_xid is not None:
+            xid = _card_xid(card_uuid, sample.devices, last_xid)
+            out.add(XID_FAMILY, "gauge", XID_HELP, {**card, "err_code": str(xid)}, xid)
+    return list(out.fams.values())
+
+
+def _card_xid(card_uuid: str, devices: Iterable[DeviceSample], last_xid: Mapping[str, tuple[float, int]]) -> int:
+    """The latest Xid of the card or any of its MIG devices; 0 (DCGM's "No Error") before the first."""
+    uuids = {card_uuid} | {d.uuid for d in devices if d.parent_uuid == card_uuid}
+    seen = [last_xid[u] for u in uuids if u in last_xid]
+    return max(seen)[1] if seen else 0

@@ -1,0 +1,183 @@
+"""The GPU health families (issue 18): energy, power limit, PCIe, retired pages, row remapping,
+decoded clocks event reasons, NVLink and GPM, read from NVML without DCGM (docs/metrics.md,
+"Health (NVML, no DCGM)").
+
+Pure: device samples in, ``prometheus_client`` families out, in base units. A field that is
+``None`` (NotSupported, not read, lost GPU) has no row, never a 0; GPM families exist only where
+the device has GPM. A MIG device has rows under its own uuid carrying its card's values, as the
+backend repeats them on every MIG device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.model import DeviceHealth, DeviceSample
+
+BASE = ("node_name", "uuid", "minor_number", "name")
+
+# nvmlClocksEventReasons bits (nvml.h); the raw mask stays in nvidia_gpu_clocks_event_reasons,
+# so a bit a newer driver adds is visible there even though it is not decoded here.
+CLOCKS_EVENT_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+# (family, help, DeviceHealth field, NVML units per base unit): one gauge row per device. Dividing
+# (mW / 1000) rather than multiplying by 1e-3 keeps whole watts whole.
+_GAUGES: tuple[tuple[str, str, str, float], ...] = (
+    ("nvidia_gpu_power_limit_watts", "Enforced power limit in watts (nvmlDeviceGetEnforcedPowerLimit)",
+     "power_limit_milliwatts", 1000),
+    ("nvidia_gpu_fan_speed_ratio", "Fan speed as a ratio of its maximum, 0..1 (nvmlDeviceGetFanSpeed)",
+     "fan_speed_percent", 100),
+    ("nvidia_gpu_performance_state", "Performance state, 0 (P0, maximum) to 15 (nvmlDeviceGetPerformanceState)",
+     "performance_state", 1),
+    ("nvidia_gpu_memory_temperature_celsius",
+     "Memory (HBM) temperature in celsius (nvmlDeviceGetFieldValues NVML_FI_DEV_MEMORY_TEMP)",
+     "memory_temperature_celsius", 1),
+    ("nvidia_gpu_pcie_transmit_bytes_per_second",
+     "PCIe transmit throughput in bytes per second (nvmlDeviceGetPcieThroughput TX_BYTES)",
+     "pcie_tx_kilobytes_per_second", 1 / 1024),
+    ("nvidia_gpu_pcie_receive_bytes_per_second",
+     "PCIe receive throughput in bytes per second (nvmlDeviceGetPcieThroughput RX_BYTES)",
+     "pcie_rx_kilobytes_per_second", 1 / 1024),
+    ("nvidia_gpu_pcie_link_generation", "Current PCIe link generation (nvmlDeviceGetCurrPcieLinkGeneration)",
+     "pcie_link_generation", 1),
+    ("nvidia_gpu_pcie_link_width", "Current PCIe link width in lanes (nvmlDeviceGetCurrPcieLinkWidth)",
+     "pcie_link_width", 1),
+    ("nvidia_gpu_retired_pages_pending",
+     "1 while retired pages wait for a GPU reset to take effect (nvmlDeviceGetRetiredPagesPendingStatus)",
+     "retired_pages_pending", 1),
+    ("nvidia_gpu_remapped_rows_pending",
+     "1 while a row remap waits for a GPU reset: reset the GPU (nvmlDeviceGetRemappedRows isPending)",
+     "remapped_rows_pending", 1),
+    ("nvidia_gpu_remapped_rows_failure",
+     "1 once a row remap failed: replace the GPU (nvmlDeviceGetRemappedRows failureOccurred)",
+     "remapped_rows_failure", 1),
+)
+
+# (family, help, GpmSample field): ratios 0..1 over the last sampling period.
+_GPM: tuple[tuple[str, str, str], ...] = (
+    ("nvidia_gpu_graphics_engine_active_ratio",
+     "Ratio of time the graphics or compute engine was active (nvmlGpmMetricsGet GRAPHICS_UTIL)", "graphics_active"),
+    ("nvidia_gpu_sm_active_ratio", "Ratio of time the SMs were active (nvmlGpmMetricsGet SM_UTIL)", "sm_active"),
+    ("nvidia_gpu_sm_occupancy_ratio",
+     "Ratio of resident warps to the SMs' maximum (nvmlGpmMetricsGet SM_OCCUPANCY)", "sm_occupancy"),
+    ("nvidia_gpu_tensor_pipe_active_ratio",
+     "Ratio of time any tensor pipe was active (nvmlGpmMetricsGet ANY_TENSOR_UTIL)", "tensor_active"),
+    ("nvidia_gpu_dram_active_ratio",
+     "Ratio of time device memory was read or written (nvmlGpmMetricsGet DRAM_BW_UTIL)", "dram_active"),
+)
+
+_NVLINK_ERRORS = (("crc", "crc_errors"), ("replay", "replay_errors"), ("recovery", "recovery_errors"))
+
+
+def decode_clocks_event_reasons(mask: int) -> tuple[str, ...]:
+    """The known reasons set in an nvmlClocksEventReasons mask, in bit order (unknown bits ignored)."""
+    return tuple(name for bit, name in CLOCKS_EVENT_REASONS if mask & bit)
+
+
+class _Builder:
+    """Families in a fixed order whatever the data; empty ones are dropped at the end."""
+
+    def __init__(self) -> None:
+        self._fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+
+    def gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        if name not in self._fams:
+            self._fams[name] = GaugeMetricFamily(name, doc, labels=[*BASE, *extra])
+        return self._fams[name]  # type: ignore[return-value]
+
+    def counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
+        if name not in self._fams:
+            self._fams[name] = CounterMetricFamily(name, doc, labels=[*BASE, *extra])
+        return self._fams[name]  # type: ignore[return-value]
+
+    def result(self) -> list[Metric]:
+        return [f for f in self._fams.values() if f.samples]
+
+
+def _put(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float | None,
+         per_unit: float = 1) -> None:
+    if value is not None:
+        fam.add_metric(labels, value / per_unit)  # 1 / 1024 is exact: KB/s * 1024 stays whole
+
+
+def health_families(devices: Iterable[DeviceSample], node: str) -> list[Metric]:
+    """The health families of every device (MIG devices under their own uuid), in a stable order."""
+    b = _Builder()
+    for d in devices:
+        lbl = [node, d.uuid, "" if d.minor_number is None else str(d.minor_number), d.name]
+        _scalars(b, d, lbl)
+        _reasons(b, d.clocks_event_reasons, lbl)
+        _nvlinks(b, d.health, lbl)
+        _gpm(b, d.health, lbl)
+    return b.result()
+
+
+def _scalars(b: _Builder, d: DeviceSample, lbl: list[str]) -> None:
+    h = d.health
+    _put(b.counter("nvidia_gpu_energy_consumption_joules",
+                   "Energy the GPU consumed since the driver loaded, in joules "
+                   "(nvmlDeviceGetTotalEnergyConsumption)"), lbl, h.energy_millijoules, 1000)
+    _put(b.gauge("nvidia_gpu_memory_reserved_bytes",
+                 "Device memory reserved by the driver and firmware, in bytes (nvmlDeviceGetMemoryInfo v2 reserved)"),
+         lbl, d.memory_reserved_bytes)
+    for name, doc, attr, per_unit in _GAUGES:
+        _put(b.gauge(name, doc), lbl, getattr(h, attr), per_unit)
+    _put(b.counter("nvidia_gpu_pcie_replays", "PCIe replays since the driver loaded (nvmlDeviceGetPcieReplayCounter)"),
+         lbl, h.pcie_replay_count)
+    pages = b.gauge("nvidia_gpu_retired_pages",
+                    "Device memory pages retired, by cause (nvmlDeviceGetRetiredPages)", ("cause",))
+    _put(pages, [*lbl, "single_bit_ecc"], h.retired_pages_single_bit)
+    _put(pages, [*lbl, "double_bit_ecc"], h.retired_pages_double_bit)
+    rows = b.gauge("nvidia_gpu_remapped_rows",
+                   "Device memory rows remapped, by error type (nvmlDeviceGetRemappedRows)", ("type",))
+    _put(rows, [*lbl, "correctable"], h.remapped_rows_correctable)
+    _put(rows, [*lbl, "uncorrectable"], h.remapped_rows_uncorrectable)
+
+
+def _reasons(b: _Builder, mask: int | None, lbl: list[str]) -> None:
+    fam = b.gauge("nvidia_gpu_clocks_event_reason",
+                  "1 while this clocks event (throttle) reason is active, decoded from "
+                  "nvmlDeviceGetCurrentClocksEventReasons", ("reason",))
+    if mask is None:
+        return
+    for bit, name in CLOCKS_EVENT_REASONS:
+        fam.add_metric([*lbl, name], 1.0 if mask & bit else 0.0)
+
+
+def _nvlinks(b: _Builder, h: DeviceHealth, lbl: list[str]) -> None:
+    up = b.gauge("nvidia_gpu_nvlink_up", "1 while the NVLink is active (nvmlDeviceGetNvLinkState)", ("link",))
+    tx = b.counter("nvidia_gpu_nvlink_transmit_bytes",
+                   "Data bytes sent over the NVLink since the driver loaded "
+                   "(nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX)", ("link",))
+    rx = b.counter("nvidia_gpu_nvlink_receive_bytes",
+                   "Data bytes received over the NVLink since the driver loaded "
+                   "(nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)", ("link",))
+    errors = b.counter("nvidia_gpu_nvlink_errors",
+                       "NVLink data-link errors since the driver loaded, by type (nvmlDeviceGetNvLinkErrorCounter)",
+                       ("link", "type"))
+    for link in h.nvlinks:
+        at = [*lbl, str(link.link)]
+        _put(up, at, None if link.active is None else int(link.active))
+        _put(tx, at, link.tx_bytes)
+        _put(rx, at, link.rx_bytes)
+        for kind, attr in _NVLINK_ERRORS:
+            _put(errors, [*at, kind], getattr(link, attr))
+
+
+def _gpm(b: _Builder, h: DeviceHealth, lbl: list[str]) -> None:
+    for name, doc, attr in _GPM:
+        fam = b.gauge(name, doc)
+        if h.gpm is not None:
+            _put(fam, lbl, getattr(h.gpm, attr))
