@@ -37,6 +37,8 @@ import yaml
 from exporter.bundle.dashboards.options import DashboardOptions
 from exporter.bundle.dashboards.render import render_dashboards
 from exporter.bundle.rules import RuleOptions, render_rules
+from tests.dashboards_hardware_truth import hardware_expected
+from tests.dashboards_usage_truth import usage_expected
 from tests.prom_support import PROMETHEUS, ROOT, http_get, poll, query, run_prometheus, start_exporter, stop
 from tests.test_dashboards import KMSG, _label_values, _regex_escape, _substitute, with_stray_process
 
@@ -56,6 +58,8 @@ WORKLOADS = {
     "seed-cgpu": [("default", "app-3g-v2")],
 }
 STRAY = "stray"  # seed-exclusive plus a process of an unknown pod: only its exporter-health row is checked
+# every health signal of issue 18 (tests/scenarios/health_node.yaml): only the node board is checked
+HEALTH = "health"
 Expected = dict[str, Any]  # panel title -> {series name: value or predicate}, or Rows
 
 
@@ -236,6 +240,7 @@ class Truth:
     """What a scenario says its node has, holds and uses, in the dashboards' terms."""
 
     def __init__(self, doc: dict[str, Any], kmsg: str = "") -> None:
+        self.doc = doc
         self.node: str = doc["node"]
         self.cards: list[Card] = []
         self.devices: list[Device] = []
@@ -432,7 +437,8 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
     assert Path(PROMETHEUS).exists(), "Prometheus server missing: apt-get install prometheus"
     tmp = tmp_path_factory.mktemp("dashboards-truth")
     (tmp / "kmsg").write_text(KMSG)
-    files = {**SCENARIOS, STRAY: with_stray_process(SCENARIOS["seed-exclusive"], tmp / "stray.yaml")}
+    files = {**SCENARIOS, STRAY: with_stray_process(SCENARIOS["seed-exclusive"], tmp / "stray.yaml"),
+             HEALTH: ROOT / "tests" / "scenarios" / "health_node.yaml"}  # fmt: skip
     truths = {name: Truth(load(path), kmsg=KMSG if name == "mixed" else "") for name, path in files.items()}
     procs, static = [], []
     try:
@@ -443,7 +449,9 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
             labels = {"cluster": name, "namespace": "monitoring", "pod": f"kube-gpu-exporter-{name}",
                       "container": "exporter"}  # fmt: skip
             static.append({"targets": [address], "labels": labels})
-        proc, base = run_prometheus(tmp, render_rules(RuleOptions(cluster_label="cluster", interval="1s")), static)
+        # a 20 s rate window: the counters' window averages are full (and right) 20 s after the first scrape
+        rules = render_rules(RuleOptions(cluster_label="cluster", interval="1s", rate_window="20s"))
+        proc, base = run_prometheus(tmp, rules, static)
         procs.append(proc)
         yield base, truths
     finally:
@@ -615,6 +623,7 @@ def _node_expected(t: Truth, cl: dict[str, str]) -> Expected:
             ({**dev[p.device.uuid], "pid": str(p.pid)}, {"Memory used": p.memory, "SM utilisation": p.sm})
             for p in t.unaccounted
         ),
+        **hardware_expected(t.doc, {**cl, "node_name": t.node}),
         **_health_expected(t),
     }
 
@@ -629,7 +638,7 @@ def _health_expected(t: Truth) -> Expected:
     }
 
 
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("scenario", [*sorted(SCENARIOS), HEALTH])
 def test_node_dashboard_shows_the_scenario(prom: tuple[str, dict[str, Truth]], scenario: str) -> None:
     base, truths = prom
     t = truths[scenario]
@@ -749,6 +758,7 @@ def _workload_expected(t: Truth, cl: dict[str, str], namespace: str, workload: s
         "Device duty cycle": _some(**{f"{p.name} GPU {d.gpu}": d.utilization for p, d in on}),
         "Device power": {f"{p.name} GPU {d.gpu}": d.card.power_mw for p, d in on},
         "Device temperature": {f"{p.name} GPU {d.gpu}": d.card.temperature for p, d in on},
+        **usage_expected(t, cl, namespace, pods),
     }
 
 

@@ -95,10 +95,16 @@ SEED_SERIES = {
     ],
 }
 
+# The per-container counters' window averages (issue 18): busy (% of one GPU) and power (W) per level.
+COUNTER_SERIES = {
+    level: [f"k8s_{level}_gpu_busy", f"k8s_{level}_gpu_power_watts"]
+    for level in ("container", "pod", "node", "workload", "namespace", "cluster")
+}
+
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _PROMQL_WORDS = {
     "sum", "max", "min", "count", "group", "topk", "avg", "by", "on", "group_left", "group_right",
-    "and", "or", "unless", "without", "ignoring", "bool", "label_replace",
+    "and", "or", "unless", "without", "ignoring", "bool", "label_replace", "rate",
 }  # fmt: skip
 
 
@@ -112,6 +118,7 @@ def _metric_names(expr: str) -> set[str]:
     """Metric names an expression reads (strips strings, label matchers and by/on lists)."""
     expr = re.sub(r'"[^"]*"', '""', expr)
     expr = re.sub(r"\{[^}]*\}", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors ([5m])
     expr = re.sub(r"\b(by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr)
     names = {m.group(0) for m in _NAME_RE.finditer(expr)}
     return {n for n in names if n not in _PROMQL_WORDS and not re.fullmatch(r"\d.*|e\d+", n)}
@@ -329,8 +336,8 @@ def test_any_level_subset_is_self_contained(n: int) -> None:
             assert _metric_names(rule["expr"]) <= inputs | recorded, (levels, rule["record"])
             recorded.add(rule["record"])
         public = {r for r in recorded if ":" not in r}
-        wanted = {s for lv in levels for s in SEED_SERIES[lv]}
-        other = {s for lv in set(LEVELS) - set(levels) for s in SEED_SERIES[lv]}
+        wanted = {s for lv in levels for s in SEED_SERIES[lv] + COUNTER_SERIES[lv]}
+        other = {s for lv in set(LEVELS) - set(levels) for s in SEED_SERIES[lv] + COUNTER_SERIES[lv]}
         assert wanted <= public and not (other & public), levels
 
 
@@ -352,6 +359,8 @@ def test_any_level_subset_is_self_contained(n: int) -> None:
         ({"interval": "30"}, "--interval"),
         ({"interval": "0s"}, "--interval"),
         ({"interval": "1m30x"}, "--interval"),
+        ({"rate_window": "5"}, "--rate-window"),
+        ({"rate_window": "0m"}, "--rate-window"),
         ({"levels": ()}, "--levels"),
         ({"levels": ("pod", "pods")}, "unknown level(s) pods"),
     ],
@@ -381,8 +390,20 @@ def test_cli_levels_interval_and_stdout(capsys: pytest.CaptureFixture[str]) -> N
     assert group["name"] == "k8s-gpu" and group["interval"] == "1m"
     records = [r["record"] for r in group["rules"]]
     assert records[0].startswith("node_namespace_pod_container:")  # helpers first
-    assert {r for r in records if ":" not in r} == set(SEED_SERIES["cluster"] + SEED_SERIES["namespace"])
+    assert {r for r in records if ":" not in r} == set(
+        SEED_SERIES["cluster"] + SEED_SERIES["namespace"] + COUNTER_SERIES["cluster"] + COUNTER_SERIES["namespace"]
+    )
     assert "--interval=1m --levels=cluster,namespace" in out.splitlines()[0]
+
+
+def test_rate_window_reaches_every_rate() -> None:
+    """The counters' rate() window is one option: every rate() of the bundle uses it."""
+    committed = (RULES / "kube-gpu-exporter.rules.yaml").read_text()
+    assert set(re.findall(r"\brate\([^\[]*\[([^\]]+)\]\)", committed)) == {"5m"}
+    text = render_rules(RuleOptions(rate_window="2m"))
+    windows = re.findall(r"\brate\([^\[]*\[([^\]]+)\]\)", text)
+    assert len(windows) == 6 and set(windows) == {"2m"}  # 2 helpers, node x2, cluster x2
+    assert text.splitlines()[0].endswith("`kube-gpu-exporter rules --rate-window=2m`: do not edit by hand.")
 
 
 _label = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).filter(

@@ -48,6 +48,7 @@ class RuleOptions(LabelOptions):
     """What to render. Label names must match what the exporter was started with."""
 
     interval: str = "30s"
+    rate_window: str = "5m"  # rate() window of the busy-seconds and energy counters
     levels: tuple[str, ...] = LEVELS
     group_name: str = "k8s-gpu"
 
@@ -57,6 +58,10 @@ class RuleOptions(LabelOptions):
         if not is_positive_duration(self.interval):
             raise RuleOptionsError(
                 f"--interval: {self.interval!r} is not a positive Prometheus duration (e.g. 30s, 1m)"
+            )
+        if not is_positive_duration(self.rate_window):
+            raise RuleOptionsError(
+                f"--rate-window: {self.rate_window!r} is not a positive Prometheus duration (e.g. 5m)"
             )
         if not self.levels:
             raise RuleOptionsError("--levels: at least one level is required")
@@ -70,7 +75,7 @@ class RuleOptions(LabelOptions):
 
     def to_args(self) -> list[str]:
         """The ``kube-gpu-exporter rules`` flags that reproduce these options (defaults omitted)."""
-        out = changed_flags(self, (*LABEL_FLAGS, ("interval", "--interval")))
+        out = changed_flags(self, (*LABEL_FLAGS, ("interval", "--interval"), ("rate_window", "--rate-window")))
         if tuple(self.levels) != LEVELS:
             out.append(f"--levels={','.join(self.levels)}")
         return out
@@ -95,6 +100,7 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "C": [*cl, node, ns, pod, ctr],
         "W": [*cl, ns, *wl],
         "NU": [*cl, node, "uuid"],
+        "NUC": [*cl, node, "uuid", ns, pod, ctr],  # one counter row
         "CARD": [*cl, node, "uuid", "minor_number"],
         "PCARD": [*cl, node, ns, pod, "uuid", "minor_number"],
     }
@@ -107,7 +113,10 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "mem": "node_namespace_pod_container:nvidia_gpu_memory_used_bytes:sum",
         "req": "node_namespace_pod_container:nvidia_gpu_allocated_compute_percent:sum",
         "mreq": "node_namespace_pod_container:nvidia_gpu_allocated_memory_bytes:sum",
+        "busy": "node_namespace_pod_container:nvidia_gpu_container_busy_seconds_total:sum_rate",
+        "energy": "node_namespace_pod_container:nvidia_gpu_container_energy_joules_total:sum_rate",
     }
+
     # Reused sub-expressions. `max` de-duplicates a node scraped by two jobs; inner
     # `max by (..., uuid)` counts each GPU once.
     exprs = {
@@ -125,6 +134,7 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "cluster_mem": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{device}}}))",
         "workload_used": _workload_sum(by["W"], L["PI"], helpers["duty"], helpers["info"]),
         "workload_mem": _workload_sum(by["W"], L["PI"], helpers["mem"], helpers["info"]),
+        **_counter_exprs(by, L["PI"], helpers, opts.rate_window),
     }
     # As divisors: parenthesised and without zeros, so no ratio is ever +Inf or NaN.
     divisors = {k: f"({v} > 0)" for k, v in exprs.items()}
@@ -139,13 +149,34 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "H": helpers,
         "X": exprs,
         "D": divisors,
-        "SEL": {"container": 'allocate_mode=~"exclusive|share"', "device": device},
+        "SEL": {"container": 'allocate_mode=~"exclusive|share"', "device": device, "attributed": f'{pod}!=""'},
+        "RW": opts.rate_window,
         # namespace/pod/container copied from the exporter's labels at the end of each rule of a level
         "K8S": {level: opts.k8s_labels(level) for level in K8S_LEVELS},
         # helper series are emitted only when a selected level reads them
         "need_info": bool(levels & {"container", "pod", "workload"}),
         "need_usage": bool(levels & {"container", "pod", "workload", "namespace"}),
+        "need_counters": bool(levels & {"container", "pod", "workload", "namespace"}),
         "need_alloc": bool(levels & {"container", "pod"}),
+    }
+
+
+def _counter_exprs(by: Mapping[str, str], pod_key: str, helpers: Mapping[str, str], w: str) -> dict[str, str]:
+    """The busy-seconds and energy roll-ups above the container helpers (docs/rules.md).
+
+    rate first, then sum (a sum of counters breaks when one of them goes away); ``max``
+    de-duplicates a node scraped twice; the energy rows include the unattributed ones: together,
+    the devices' energy.
+    """
+    dev_busy = f"max {by['NU']}(rate(nvidia_gpu_busy_seconds_total[{w}]))"
+    dev_power = f"max {by['NUC']}(rate(nvidia_gpu_container_energy_joules_total[{w}]))"
+    return {
+        "workload_busy": _workload_sum(by["W"], pod_key, helpers["busy"], helpers["info"]) + "\n* 100",
+        "workload_power": _workload_sum(by["W"], pod_key, helpers["energy"], helpers["info"]),
+        "node_busy": f"sum {by['N']}({dev_busy}) * 100",
+        "node_power": f"sum {by['N']}({dev_power})",
+        "cluster_busy": f"sum {by['CL']}({dev_busy}) * 100",
+        "cluster_power": f"sum {by['CL']}({dev_power})",
     }
 
 
@@ -217,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval", default=d.interval, help="rule group evaluation interval (default %(default)s)"
     )
     p.add_argument(
+        "--rate-window",
+        default=d.rate_window,
+        help="rate() window of the busy-seconds and energy series; at least 4 scrape intervals (default %(default)s)",
+    )
+    p.add_argument(
         "--levels",
         default=",".join(LEVELS),
         help="comma-separated levels to emit (default %(default)s)",
@@ -231,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 def options_from_args(args: argparse.Namespace) -> RuleOptions:
     """Translate parsed CLI arguments into :class:`RuleOptions` (not yet validated)."""
     levels = tuple(dict.fromkeys(lv.strip() for lv in args.levels.split(",") if lv.strip()))
-    return RuleOptions(**label_arguments(args), interval=args.interval, levels=levels)
+    return RuleOptions(**label_arguments(args), interval=args.interval, rate_window=args.rate_window, levels=levels)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,8 @@ Modules, in the order the alerts appear in the bundle and the runbook:
 - :mod:`.alert`: the :class:`~.alert.Alert` record and the label sets the alerts share;
 - :mod:`.exporter_health`: the exporter is scraped, has NVML, samples and sees the pods;
 - :mod:`.gpu_health`: lost GPUs, Xid errors, heat, uncorrected ECC errors;
+- :mod:`.gpu_hardware`: memory repair (row remapping, page retirement), PCIe replays, clock
+  slowdowns, NVLink errors;
 - :mod:`.usage`: unallocated processes, containers over their memory grant, idle allocations;
 - :mod:`.recording_rules`: the recording rules the dashboards and HPA read are evaluated;
 - :mod:`.cli`: the bundle's assembly and rendering and ``kube-gpu-exporter alerts`` (``main``).

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 
-from exporter.bundle.alerts import exporter_health, gpu_health, recording_rules, usage
+from exporter.bundle.alerts import exporter_health, gpu_hardware, gpu_health, recording_rules, usage
 from exporter.bundle.alerts.alert import Alert, Labels
 from exporter.bundle.alerts.options import AlertOptions, AlertOptionsError
 from exporter.bundle.common import (
@@ -33,6 +33,8 @@ def build_alerts(opts: AlertOptions) -> list[Alert]:
     alerts = [
         *exporter_health.scrape_alerts(opts, lb),
         *gpu_health.gpu_alerts(opts, lb),
+        *gpu_hardware.memory_alerts(opts, lb),
+        *gpu_hardware.link_alerts(opts, lb),
         *exporter_health.collection_alerts(opts, lb),
         *usage.usage_alerts(opts, lb),
     ]
@@ -119,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature-celsius", type=float, default=d.temperature_celsius,
                    help="GPU temperature threshold (default %(default)s)")
     p.add_argument("--idle-for", default=d.idle_for, help="how long an allocation may sit idle (default %(default)s)")
+    p.add_argument("--retired-pages-limit", type=int, default=d.retired_pages_limit,
+                   help="retired pages at which a GPU is to be replaced (default %(default)s)")
+    p.add_argument("--pcie-replays-per-minute", type=float, default=d.pcie_replays_per_minute,
+                   help="PCIe replay rate threshold (default %(default)s)")
+    p.add_argument("--throttling-for", default=d.throttling_for,
+                   help="how long a thermal or hardware slowdown lasts before it alerts (default %(default)s)")
+    p.add_argument("--power-capped-for", default=d.power_capped_for,
+                   help="how long a GPU stays at its power cap before the info alert (default %(default)s)")
+    p.add_argument("--nvlink-crc-errors-per-second", type=float, default=d.nvlink_crc_errors_per_second,
+                   help="NVLink CRC error rate threshold (default %(default)s)")
     p.add_argument("--no-recording-rules-alert", dest="recording_rules_alert", action="store_false",
                    help="omit KubeGpuRecordingRulesMissing (when the recording rules are not loaded)")
     add_prometheusrule_arguments(p, "kube-gpu-exporter-alerts", "PrometheusRule metadata label, repeatable")
@@ -140,6 +152,11 @@ def options_from_args(args: argparse.Namespace) -> AlertOptions:
         application_xids=_parse_xids(args.application_xids, "--application-xids"),
         temperature_celsius=args.temperature_celsius,
         idle_for=args.idle_for,
+        retired_pages_limit=args.retired_pages_limit,
+        pcie_replays_per_minute=args.pcie_replays_per_minute,
+        throttling_for=args.throttling_for,
+        power_capped_for=args.power_capped_for,
+        nvlink_crc_errors_per_second=args.nvlink_crc_errors_per_second,
         recording_rules_alert=args.recording_rules_alert,
         extra_labels=parse_key_values(args.alert_label, "--alert-label", AlertOptionsError),
     )

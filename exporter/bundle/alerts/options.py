@@ -49,6 +49,12 @@ class AlertOptions(LabelOptions):
     snapshot_stale_seconds: float = 60.0
     idle_for: str = "2h"
     idle_percent: float = 1.0
+    # Hardware health (gpu_hardware.py; docs/alerts.md has NVIDIA's source for each default).
+    retired_pages_limit: int = 60  # DCGM's health check fails a board at 60 (newer releases: 63)
+    pcie_replays_per_minute: float = 8.0  # DCGM: "8 replays per minute is the maximum recommended"
+    throttling_for: str = "15m"
+    power_capped_for: str = "1h"
+    nvlink_crc_errors_per_second: float = 100.0  # DCGM: CRC errors only matter at 100+ per second
     # KubeGpuRecordingRulesMissing: the dashboards and HPA read the recording rules (rules/).
     recording_rules_alert: bool = True
     extra_labels: Mapping[str, str] = field(default_factory=dict)
@@ -64,9 +70,17 @@ class AlertOptions(LabelOptions):
             )
         if not self.runbook_url.startswith(("http://", "https://")):
             raise AlertOptionsError(f"--runbook-url: {self.runbook_url!r} must be an http(s) URL")
-        for flag, value in (("--xid-window", self.xid_window), ("--idle-for", self.idle_for)):
+        durations = (("--xid-window", self.xid_window), ("--idle-for", self.idle_for),
+                     ("--throttling-for", self.throttling_for), ("--power-capped-for", self.power_capped_for))
+        for flag, value in durations:
             if not is_positive_duration(value):
                 raise AlertOptionsError(f"{flag}: {value!r} is not a positive Prometheus duration")
+        limits = (("--retired-pages-limit", self.retired_pages_limit),
+                  ("--pcie-replays-per-minute", self.pcie_replays_per_minute),
+                  ("--nvlink-crc-errors-per-second", self.nvlink_crc_errors_per_second))
+        for flag, number in limits:
+            if not number > 0:
+                raise AlertOptionsError(f"{flag}: {number!r} must be above 0")
         overlap = set(self.critical_xids) & set(self.application_xids)
         if overlap:
             raise AlertOptionsError(f"Xid(s) {sorted(overlap)} are both critical and application-level")
@@ -96,6 +110,11 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("application_xids", "--application-xids"),
     ("temperature_celsius", "--temperature-celsius"),
     ("idle_for", "--idle-for"),
+    ("retired_pages_limit", "--retired-pages-limit"),
+    ("pcie_replays_per_minute", "--pcie-replays-per-minute"),
+    ("throttling_for", "--throttling-for"),
+    ("power_capped_for", "--power-capped-for"),
+    ("nvlink_crc_errors_per_second", "--nvlink-crc-errors-per-second"),
     ("recording_rules_alert", "--no-recording-rules-alert"),
 )
 

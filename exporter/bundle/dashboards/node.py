@@ -1,9 +1,9 @@
 """GPU / Node: one node's GPUs, their device values and allocation, and what only this exporter knows.
 
 The seed's node view per GPU, plus the exporter's rows by ``allocate_mode``, each container's
-share of a shared GPU, Xid errors, GPU processes no container was allocated and the exporter's
-own health (:mod:`.node_health`). Variables: ``node`` (one) and ``gpu`` (device uuids: several,
-or All).
+share of a shared GPU, the cards' hardware health (:mod:`.node_hardware`), Xid errors, GPU
+processes no container was allocated and the exporter's own health (:mod:`.node_health`).
+Variables: ``node`` (one) and ``gpu`` (device uuids: several, or All).
 
 A MIG device is a device of its own with its card's minor number, power and temperature: device
 values (memory, duty cycle) are shown per device and named by :meth:`Selectors.gpu_names`, card
@@ -13,6 +13,7 @@ values (power, temperature) once per physical GPU (:meth:`Selectors.per_card`).
 from __future__ import annotations
 
 from exporter.bundle.dashboards.board import Board, QueryVariable, Row
+from exporter.bundle.dashboards.node_hardware import clocks_power_nvlink, memory_and_pcie
 from exporter.bundle.dashboards.node_health import errors, exporter_health
 from exporter.bundle.dashboards.panels import (
     GREEN,
@@ -38,7 +39,8 @@ def board(q: Selectors) -> Board:
     return Board(
         title="Node",
         description="One node's GPUs: duty cycle, memory, power, temperature, allocation per card, the "
-        "exporter's rows by allocate_mode, per-container usage on shared GPUs, Xid errors, the exporter's health.",
+        "exporter's rows by allocate_mode, per-container usage on shared GPUs, hardware health (memory repair, "
+        "PCIe, clock events, power limit, NVLink, energy), Xid errors, the exporter's health.",
         variables=(
             QueryVariable("node", "Node", f"label_values(kube_node_status_capacity_gpu{q.s()}, {q.node})"),
             QueryVariable("gpu", "GPU", f"label_values(nvidia_gpu_info{q.s(q.this_node)}, uuid)", multi=True),
@@ -48,6 +50,8 @@ def board(q: Selectors) -> Board:
             Row("Per GPU", _per_gpu(q)),
             Row("Allocation", _allocation(q)),
             Row("Shared GPUs: per-container share", _shared(q)),
+            Row("Hardware health: memory repair and PCIe", memory_and_pcie(q)),
+            Row("Hardware health: clocks, power, NVLink and energy", clocks_power_nvlink(q)),
             Row("Errors and unaccounted processes", errors(q)),
             Row("Exporter health", exporter_health(q)),
         ),

@@ -19,6 +19,8 @@ Steps = Sequence[tuple[float | None, str]]
 DATASOURCE: dict[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids the dashboards use (tests check every panel against this list).
 UNITS: frozenset[str] = frozenset({"percent", "bytes", "mwatt", "celsius", "short", "none", "dateTimeFromNow", "s"})
+# the hardware-health rows': counts and bytes per second, watts, joules
+UNITS |= {"cps", "Bps", "watt", "joule"}
 
 GREEN: Steps = ((None, "green"),)
 RED_FROM_ONE: Steps = ((None, "green"), (1, "red"))

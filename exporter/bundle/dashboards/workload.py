@@ -1,5 +1,7 @@
 """GPU / Namespace, workload and pod: usage against requests, down to the containers and their GPUs.
 
+The busy-time and energy row (the per-container counters) is :mod:`.workload_usage`.
+
 Variables: ``namespace`` (one), ``workload`` (one, by name: two kinds with the same name show
 together) and ``pod`` (several, or All: the workload's pods). A pod on a MIG device has memory but
 no utilization (NVML gives none): its usage panels say so instead of "No data".
@@ -10,6 +12,7 @@ from __future__ import annotations
 from exporter.bundle.dashboards.board import Board, QueryVariable, Row
 from exporter.bundle.dashboards.panels import BarGauge, Column, Panel, Stat, Table, Target, TimeSeries
 from exporter.bundle.dashboards.promql import DEVICE_ROWS, Selectors
+from exporter.bundle.dashboards.workload_usage import usage_panels
 
 WORKLOAD_LEGEND = "{{workload_kind}}/{{workload_name}}"
 NO_UTILIZATION = "no utilization: MIG devices report none"
@@ -21,7 +24,7 @@ def board(q: Selectors) -> Board:
     return Board(
         title="Namespace, workload and pod",
         description="GPU usage against requests for a namespace, a workload and its pods and containers, "
-        "and the GPUs they run on.",
+        "their busy time and energy, and the GPUs they run on.",
         # from the memory series: a MIG device reports memory but no utilization, so a namespace,
         # workload or pod on MIG devices only has no *_gpu_used series at all
         variables=(
@@ -39,6 +42,7 @@ def board(q: Selectors) -> Board:
             Row("Namespace $namespace", [*_namespace_stats(q), *_namespace_workloads(q)]),
             Row("Workload $workload", _workload(q)),
             Row("Pods: usage vs request", [*_pods_over_time(q), *_pods_now(q)]),
+            Row("Busy time and energy (window averages; totals over the time range)", usage_panels(q, WORKLOAD_LEGEND)),
             Row("Containers", _containers(q)),
             Row("The pods' GPUs", _pods_gpus(q)),
         ),
