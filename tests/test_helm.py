@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import subprocess
-import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -455,9 +454,10 @@ def test_scheduling_gpu_nodes_tolerations_runtime_class():
 
 
 def test_image_defaults_to_app_version_and_digest_wins():
+    from exporter import __version__
+
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert chart["appVersion"] == pyproject["project"]["version"]
+    assert chart["appVersion"] == __version__  # the package version (exporter/_version.py)
     assert container(render())["image"] == f"kube-gpu-exporter:{chart['appVersion']}"
     digest = "sha256:" + "a" * 64
     image = container(render({"image": {"repository": "r.example/kgx", "digest": digest}}))["image"]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from exporter import __version__
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.model import NodeSample
 from exporter.node.pod_store import PodStore
@@ -109,7 +110,7 @@ def test_one_summary_line_after_the_first_cycle(caplog: pytest.LogCaptureFixture
     daemon = build_daemon(load_config(["--simulate", str(MIG), "--no-xid"], environ={}))
     try:
         daemon.start()
-        lines = [r.getMessage() for r in caplog.records if "kube-gpu-exporter 0.1.0 on node" in r.getMessage()]
+        lines = [r.getMessage() for r in caplog.records if f"kube-gpu-exporter {__version__} on node" in r.getMessage()]
         assert len(lines) == 1, lines
         (line,) = lines
         for part in ("on node gpu-node-mig-1", "driver ", "NVML ", "2 GPUs (2x NVIDIA A100-SXM4-80GB)",
