@@ -23,18 +23,10 @@ from exporter.attribution.attribute import (
 )
 from exporter.attribution.usage_counters import UsageCounters
 from exporter.exposition.health_rows import health_families
+from exporter.exposition.label_names import LabelNames  # also imported from here by callers
 from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, select_pod_labels
 from exporter.exposition.usage_rows import usage_families
 from exporter.model import EMPTY, DeviceSample, NodeSample, PodInfo
-
-
-@dataclass(frozen=True, slots=True)
-class LabelNames:
-    """Names of the pod labels (configurable to dodge target-label collisions)."""
-
-    pod: str = "pod_name"
-    namespace: str = "namespace_name"
-    container: str = "container_name"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,14 +7,10 @@ container rows plus that row add up to the device's busy seconds and energy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from exporter.attribution.usage_counters import UsageCounters
-
-if TYPE_CHECKING:  # rows.py imports this module: the name only, for the annotation
-    from exporter.exposition.rows import LabelNames
+from exporter.exposition.label_names import LabelNames
 
 BASE = ["node_name", "uuid", "minor_number", "name"]
 
