@@ -28,3 +28,20 @@ def test_bench_emits_the_json_keys(tmp_path: Path) -> None:
         assert result["scrape_seconds"]["n"] == 3 and result["body_bytes"] > 0
     assert "nvml_read_seconds" in report["exporters"]["kube-gpu-exporter"]
     assert "| scrape p99 (ms) |" in proc.stdout  # the table
+
+
+def test_footprint_bench_emits_the_json_keys(tmp_path: Path) -> None:
+    out = tmp_path / "footprint.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "footprint.py"), "--smoke", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert {"machine", "config", "imports", "flatness", "exporters"} <= report.keys()
+    ours, peer, bare = (report["exporters"][k] for k in ("kube-gpu-exporter", "nvitop-exporter", "bare asyncio"))
+    assert ours["startup"]["first_snapshot_s"] > 0 and peer["startup"]["first_snapshot_s"] > 0
+    assert {"scrape_gzip", "scrape_identity"} <= ours.keys() and {"scrape_gzip", "scrape_identity"} <= bare.keys()
+    assert ours["scrape_gzip"]["n"] == bare["scrape_gzip"]["n"] > 0
+    flat = report["flatness"]
+    assert flat["cycles"] >= 20 and flat["kube-gpu-exporter"]["rss_end_mib"] > 0
+    assert "kubernetes" not in flat["daemon_modules"]["heavy_top_level"]  # the daemon stays lean
+    assert "| RSS after start (MiB) |" in proc.stdout

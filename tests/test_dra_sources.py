@@ -7,7 +7,7 @@ from kubernetes import client
 
 from exporter.node.dra_source import ClaimAwarePodStore, DraWatcher, static_dra
 from tests.integration_support import poll
-from tests.k8s_double import ApiServerDouble, api_client_for
+from tests.k8s_double import ApiServerDouble, api_client_for, kube_api_for
 from tests.test_dra_shapes import claim, gpu_device, pod, resource_slice
 
 NODE = "gpu-node-1"
@@ -40,7 +40,7 @@ def test_watcher_follows_slices_and_reads_the_claims_pods_name(versions):
         api.set_resource_claims([claim("ml", "c1", [("gpu", NODE, "gpu-0")], [("p", UID)])])
         store = ClaimAwarePodStore()
         store.replace([pod("ml", "p", UID, NODE, {"c": [("gpu", "")]}, {"gpu": ("claim", "c1")})], "1")
-        w = DraWatcher(NODE, api_client_for(api), store.pod_claims, refresh=0.5, watch_timeout_seconds=5)
+        w = DraWatcher(NODE, kube_api_for(api), store.pod_claims, refresh=0.5, watch_timeout_seconds=5)
         w.start()
         try:
             src = w.sources()

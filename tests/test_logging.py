@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from exporter import __version__
 from exporter.exposition.snapshot import empty_snapshot
@@ -30,6 +29,7 @@ from exporter.shell.server import make_app
 from exporter.shell.sources import PodResourcesSource
 from exporter.shell.status import CycleMonitor, XidLog
 from exporter.xid.stats import XidStats
+from tests.http_support import AppClient
 from tests.integration_support import PodResourcesServer, free_port, poll
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +171,7 @@ def test_readyz_is_503_with_the_reason_while_nvml_is_down(ready_without_nvml: bo
 
     async def readyz() -> tuple[int, str]:
         app = make_app(holder, stale_after=60.0, not_ready=monitor.not_ready_reason)
-        async with TestClient(TestServer(app)) as client:
+        async with AppClient(app) as client:
             resp = await client.get("/readyz")
             return resp.status, await resp.text()
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pynvml
 import pytest
-from kubernetes.client import EventsV1Api
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.shell.cli import build_daemon
@@ -22,7 +21,7 @@ from exporter.xid.nvml_events import NvmlXid, NvmlXidSource
 from exporter.xid.stats import XidStats, xid_metric_families
 from exporter.xid.watcher import XidWatcher
 from tests.fake_nvml import FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
-from tests.k8s_double import ApiServerDouble, api_client_for
+from tests.k8s_double import ApiServerDouble, kube_api_for
 from tests.k8s_double import poll_until as _poll_until
 from tests.k8s_double.events_validation import EVENTS_V1
 
@@ -320,7 +319,7 @@ def nvml_result(w: XidWatcher, result: str) -> int:
 @pytest.mark.parametrize("kmsg", ["disabled", "unreadable"])
 def test_nvml_alone_counts_after_the_window_and_posts_an_event(lib: Path, tmp_path: Path, kmsg: str) -> None:
     with ApiServerDouble() as api:
-        writer = EventsWriter(EventsV1Api(api_client_for(api)), backoff_base=0.01, backoff_max=0.05)
+        writer = EventsWriter(kube_api_for(api), backoff_base=0.01, backoff_max=0.05)
         path = None if kmsg == "disabled" else tmp_path / "absent"
         # unreadable: the resolver does not know the GPU either, so NVML's own identity is used
         resolver = resolve_bus if kmsg == "disabled" else (lambda pci, gpu_instance: None)

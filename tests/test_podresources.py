@@ -414,3 +414,24 @@ def test_socket_without_listener(sock_dir: Path) -> None:
         assert time.monotonic() - started < 5
     finally:
         s.close()
+
+
+def test_a_restarted_kubelet_is_reached_on_the_next_call(sock_dir: Path) -> None:
+    path = str(sock_dir / "kubelet.sock")
+
+    def serve() -> grpc.Server:
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        rpc = grpc.unary_unary_rpc_method_handler(lambda request, context: encode_list_response(PODS))
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {"List": rpc}),))
+        server.add_insecure_port(f"unix:{path}")
+        server.start()
+        return server
+
+    first = serve()
+    assert list_pod_resources(path) == PODS  # the channel stays open after this
+    first.stop(None).wait(5)  # the kubelet restarts: its connections close, a new socket takes the path
+    second = serve()
+    try:
+        assert list_pod_resources(path) == PODS
+    finally:
+        second.stop(None)

@@ -6,7 +6,6 @@ import asyncio
 import gzip
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +14,7 @@ from exporter.node.sampler import SnapshotHolder
 from exporter.shell.encoding import parse_accept_encoding, wants_gzip
 from exporter.shell.http_stats import HttpStats
 from exporter.shell.server import make_app
+from tests.http_support import AppClient
 
 CODINGS = ["gzip", "x-gzip", "identity", "*", "br", "deflate", "compress", "zstd"]
 
@@ -122,7 +122,7 @@ def scrape(headers: list[tuple[str, str]]):
 
     async def go():
         app = make_app(holder, stale_after=60, clock=lambda: 102.0, stats=HttpStats())
-        async with TestClient(TestServer(app)) as client:
+        async with AppClient(app) as client:
             r = await client.get("/metrics", headers=headers, auto_decompress=False)
             return r.status, r.headers, await r.read()
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition.snapshot import empty_snapshot
@@ -26,6 +25,7 @@ from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from exporter.shell.http_stats import HttpStats
 from exporter.shell.server import make_app
+from tests.http_support import AppClient
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "seed-cgpu-t4.yaml"
@@ -50,7 +50,7 @@ def values(text: str) -> dict[str, float]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if not s.labels}
 
 
-def run_with_sampler(body: Callable[[TestClient, Faulty, SamplerThread], object], first_ok: bool = True):
+def run_with_sampler(body: Callable[[AppClient, Faulty, SamplerThread], object], first_ok: bool = True):
     """A daemon on the simulated node, its sampler thread every 20 ms, served by make_app; run ``body``."""
     daemon = build_daemon(load_config(["--simulate", str(SEED)]))
     faulty = Faulty(daemon.pipeline.backend)
@@ -62,7 +62,7 @@ def run_with_sampler(body: Callable[[TestClient, Faulty, SamplerThread], object]
 
     async def go():
         app = make_app(daemon.holder, stale_after=STALE_AFTER, stats=HttpStats())
-        async with TestClient(TestServer(app)) as client:
+        async with AppClient(app) as client:
             sampler.start()
             try:
                 return await body(client, faulty, sampler)
@@ -87,13 +87,13 @@ async def poll_async(fn, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-async def get(client: TestClient, path: str, **kw) -> tuple[int, str]:
+async def get(client: AppClient, path: str, **kw) -> tuple[int, str]:
     r = await client.get(path, **kw)
     return r.status, (await r.read()).decode()
 
 
 def test_stuck_sampler_fails_healthz_with_the_reason_and_recovers():
-    async def body(client: TestClient, faulty: Faulty, sampler: SamplerThread):
+    async def body(client: AppClient, faulty: Faulty, sampler: SamplerThread):
         assert await get(client, "/healthz") == (200, "ok\n")
         faulty.mode = "hang"
 
@@ -119,7 +119,7 @@ def test_stuck_sampler_fails_healthz_with_the_reason_and_recovers():
 
 
 def test_failing_sampler_stays_healthy_and_its_failures_and_age_show():
-    async def body(client: TestClient, faulty: Faulty, sampler: SamplerThread):
+    async def body(client: AppClient, faulty: Faulty, sampler: SamplerThread):
         _, before = await get(client, "/metrics")
         assert values(before)["kube_gpu_exporter_sample_failures_total"] == 0
         faulty.mode = "fail"
@@ -161,7 +161,7 @@ def test_failing_sampler_stays_healthy_and_its_failures_and_age_show():
 
 
 def test_failing_from_the_first_cycle_is_alive_not_ready_and_counted():
-    async def body(client: TestClient, faulty: Faulty, sampler: SamplerThread):
+    async def body(client: AppClient, faulty: Faulty, sampler: SamplerThread):
         async def counted():
             _, text = await get(client, "/metrics")
             return values(text).get("kube_gpu_exporter_sample_failures_total", 0) >= 3
@@ -182,7 +182,7 @@ def test_healthz_reads_the_heartbeat_only(ended_ago, status):
 
     async def go():
         app = make_app(holder, stale_after=60, monotonic=lambda: now)
-        async with TestClient(TestServer(app)) as client:
+        async with AppClient(app) as client:
             return await get(client, "/healthz")
 
     got = asyncio.run(go())

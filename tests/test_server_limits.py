@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.sampler import SnapshotHolder
 from exporter.shell.http_limits import ServerLimits, loop_exception_handler, raise_nofile_limit
+from exporter.shell.http_proto import Request, Response
 from exporter.shell.http_stats import HttpStats, RateLimitedLog, one_line
 from exporter.shell.server import HttpServer, make_app
 from tests.integration_support import parse_exposition, value
@@ -43,11 +43,11 @@ def run_server(limits: ServerLimits, body: Callable[[HttpServer, asyncio.Event],
         app = make_app(holder, stale_after=60, stats=stats)
         release = asyncio.Event()
 
-        async def slow(request: web.Request) -> web.Response:
+        async def slow(request: Request) -> Response:
             await release.wait()
-            return web.Response(text="slow\n")
+            return Response.text(200, "slow\n")
 
-        app.router.add_get("/slow", slow)
+        app.add_get("/slow", slow)
         server = HttpServer(app, "127.0.0.1", 0, limits, stats)
         await server.start()
         try:

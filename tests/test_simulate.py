@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition.snapshot import empty_snapshot
@@ -25,6 +24,7 @@ from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
 from exporter.shell.cli import build_daemon, main
 from exporter.shell.config import load_config
 from exporter.shell.server import make_app
+from tests.http_support import AppClient
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -210,7 +210,7 @@ def test_scrape_path_touches_no_source():
     assert before["nvml"] == 1 and before["proc"] >= 1 and before["pods"] == 1
 
     async def scrape_many() -> list[bytes]:
-        async with TestClient(TestServer(make_app(holder, stale_after=60))) as client:
+        async with AppClient(make_app(holder, stale_after=60)) as client:
             bodies = []
             for enc in ("identity", "gzip", "identity"):
                 r = await client.get("/metrics", headers={"Accept-Encoding": enc}, auto_decompress=True)

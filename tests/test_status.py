@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.exposition.snapshot import empty_snapshot, with_sample_failures
 from exporter.exposition.status import build_status, status_json, status_view
@@ -19,6 +18,7 @@ from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from exporter.shell.server import make_app
 from exporter.xid.stats import XidStats, xid_metric_families
+from tests.http_support import AppClient
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED = ROOT / "examples" / "mixed-4gpu-node.yaml"
@@ -190,7 +190,7 @@ def test_server_routes_serve_the_status() -> None:
     holder = SnapshotHolder(empty_snapshot(0.0))
 
     async def fetch() -> tuple:
-        async with TestClient(TestServer(make_app(holder, 60, clock=lambda: snapshot.built_at + 1.5))) as client:
+        async with AppClient(make_app(holder, 60, clock=lambda: snapshot.built_at + 1.5)) as client:
             before = await (await client.get("/status.json")).json()
             holder.publish(snapshot)
             r = await client.get("/status.json")
@@ -214,7 +214,7 @@ def test_served_xids_carry_the_catalog_meaning() -> None:
     holder.publish(replace(snapshot, status=status))
 
     async def fetch() -> tuple[dict, str]:
-        async with TestClient(TestServer(make_app(holder, 60))) as client:
+        async with AppClient(make_app(holder, 60)) as client:
             return await (await client.get("/status.json")).json(), await (await client.get("/")).text()
 
     body, page = asyncio.run(fetch())

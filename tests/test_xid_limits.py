@@ -184,7 +184,7 @@ def test_only_plausible_codes_become_series_or_events(tmp_path: Path) -> None:
         w.stop()
     assert sorted(k[2] for k in stats.xid_counts) == list(range(1, XID_MAX + 1))
     assert stats.skips == {"xid_out_of_range": len(codes) - XID_MAX}
-    reasons = {w.body.reason for w in sink.writes if isinstance(w, CreateEvent)}
+    reasons = {w.body["reason"] for w in sink.writes if isinstance(w, CreateEvent)}
     assert reasons == {f"NvidiaXid{c}" for c in range(1, XID_MAX + 1)}
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from kubernetes.client import EventsV1Api
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
@@ -24,7 +23,7 @@ from exporter.xid.kmsg import KmsgReader, parse_record
 from exporter.xid.parse import XidReport
 from exporter.xid.stats import XidStats, xid_metric_families
 from exporter.xid.watcher import XidWatcher
-from tests.k8s_double import ApiServerDouble, api_client_for, poll_until
+from tests.k8s_double import ApiServerDouble, kube_api_for, poll_until
 from tests.k8s_double.events_validation import EVENTS_V1
 
 DATA = Path(__file__).parent / "data" / "kmsg"
@@ -85,7 +84,7 @@ def stop_later() -> Iterator[list]:
 
 
 def writer_for(double: ApiServerDouble) -> EventsWriter:
-    return EventsWriter(EventsV1Api(api_client_for(double)), backoff_base=0.01, backoff_max=0.05)
+    return EventsWriter(kube_api_for(double), backoff_base=0.01, backoff_max=0.05)
 
 
 def watcher(path: Path | str, events=None, stop_later: list | None = None, **kw) -> XidWatcher:

@@ -2,13 +2,16 @@
 
 A snapshot is rendered once per sampling cycle, off the event loop; a scrape only appends
 the snapshot's age (and, for gzip clients, a tiny second gzip member: concatenated gzip
-members are one valid stream, which Go's and Python's readers accept).
+members are one valid stream, which Go's and Python's readers accept). That member is stored,
+not compressed: a kilobyte more on the wire, and no compressor set up per scrape.
 """
 
 from __future__ import annotations
 
 import gzip
 import math
+import struct
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -42,13 +45,18 @@ def go_float(value: float) -> str:
 
     (``26000`` not ``26000.0``; ``1.5811477504e+10``): the seed's rows are compared byte for byte.
     """
+    value = float(value)
+    if 1e-4 <= abs(value) < 1e6:
+        # Go's fixed notation with the shortest digits: what repr gives in this range, but "7" for 7.0
+        text = repr(value)
+        return text[:-2] if text.endswith(".0") else text
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
     if value == 0:
         return "0"
-    d = Decimal(repr(float(value))).normalize()
+    d = Decimal(repr(value)).normalize()
     sign, digits, exponent = d.as_tuple()
     lead = exponent + len(digits) - 1  # decimal exponent of the first digit
     prefix = "-" if sign else ""
@@ -105,16 +113,36 @@ def age_text(snapshot: Snapshot, now: float) -> bytes:
             f"# TYPE {AGE_FAMILY} gauge\n{AGE_FAMILY} {go_float(age)}\n").encode()
 
 
-def scrape_payload(snapshot: Snapshot, now: float, gzipped: bool, extra: bytes = b"") -> bytes:
-    """The bytes a scrape returns: the pre-rendered body plus the age line and ``extra``.
+def scrape_parts(snapshot: Snapshot, now: float, gzipped: bool, extra: bytes = b"") -> tuple[bytes, bytes]:
+    """What a scrape returns, in two parts: the pre-rendered body, then the age line and ``extra``.
 
     ``extra`` is exposition text computed at scrape time by the caller (the HTTP server's own
-    counters): small, and in the same gzip member as the age line.
+    counters): small, and in the same gzip member as the age line. Two parts, so that a large body
+    is sent as it is, not copied into a new one per scrape.
     """
     tail = age_text(snapshot, now) + extra
     if gzipped:
-        return snapshot.body_gzip + gzip.compress(tail, compresslevel=1, mtime=0)
-    return snapshot.body + tail
+        return snapshot.body_gzip, stored_gzip(tail)
+    return snapshot.body, tail
+
+
+def scrape_payload(snapshot: Snapshot, now: float, gzipped: bool, extra: bytes = b"") -> bytes:
+    """The bytes a scrape returns (:func:`scrape_parts` joined)."""
+    return b"".join(scrape_parts(snapshot, now, gzipped, extra))
+
+
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no flags, no mtime, OS unknown
+
+
+def stored_gzip(data: bytes) -> bytes:
+    """One gzip member (RFC 1952) holding ``data`` in deflate stored blocks (RFC 1951, 3.2.4)."""
+    out = [_GZIP_HEADER]
+    for start in range(0, max(len(data), 1), 0xFFFF):
+        block = data[start:start + 0xFFFF]
+        final = start + 0xFFFF >= len(data)
+        out.append(struct.pack("<BHH", final, len(block), len(block) ^ 0xFFFF) + block)
+    out.append(struct.pack("<II", zlib.crc32(data), len(data) & 0xFFFF_FFFF))
+    return b"".join(out)
 
 
 def with_sample_failures(snapshot: Snapshot, failures_total: int) -> Snapshot:

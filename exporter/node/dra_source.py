@@ -9,8 +9,6 @@ cluster-wide beyond that. The last good answer is kept while the API is down.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import re
 import threading
@@ -18,16 +16,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from exporter.attribution.dra_objects import PodClaims, parse_pod_claims
 from exporter.node.pod_store import PodStore
-from exporter.node.pod_watcher import _events
+
+if TYPE_CHECKING:  # the client is loaded only where the API is used
+    from exporter.node.kube_api import KubeApi
 
 _DNS = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # object names and namespaces, as the API validates
 
 log = logging.getLogger(__name__)
-_VERSIONS = ("ResourceV1Api", "ResourceV1beta2Api", "ResourceV1beta1Api")  # newest first
+_VERSIONS = ("v1", "v1beta2", "v1beta1")  # of resource.k8s.io, newest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,7 @@ def static_dra(slices: Sequence[Any], claims: Sequence[Any], pods: Sequence[Any]
 class DraWatcher:
     """Lists and watches this node's ResourceSlices; re-reads the claims its pods name every ``refresh`` s."""
 
-    def __init__(self, node: str, api_client: Any, pod_claims: Callable[[], Mapping[str, PodClaims]], *,
+    def __init__(self, node: str, api_client: KubeApi, pod_claims: Callable[[], Mapping[str, PodClaims]], *,
                  refresh: float = 15.0, watch_timeout_seconds: int = 300, request_timeout: float = 30.0) -> None:
         self._node, self._api, self._pod_claims = node, api_client, pod_claims
         self._refresh, self._watch_timeout, self._timeout = refresh, watch_timeout_seconds, request_timeout
@@ -121,48 +122,40 @@ class DraWatcher:
         self._stop.set()
         resp = self._response
         if resp is not None:
-            with contextlib.suppress(Exception):  # already closed: nothing to interrupt
-                resp.shutdown()  # unblocks the watch read, unlike close()
+            resp.shutdown()  # unblocks the watch read, unlike close()
         for t in self._threads:
             t.join(timeout)
 
-    def _client(self) -> Any:
+    def _base(self) -> str:
         """The resource.k8s.io API of the version the server serves (v1 from 1.34; 1.33 has v1beta2)."""
-        from kubernetes import client
-
-        return getattr(client, _VERSIONS[self._version])(self._api)
+        return f"/apis/resource.k8s.io/{_VERSIONS[self._version]}"
 
     def _watch_slices(self) -> None:
         selector = f"spec.nodeName={self._node}"
         while not self._stop.is_set():
-            api = self._client()
+            path = f"{self._base()}/resourceslices"
             try:
                 try:
-                    resp = api.list_resource_slice(field_selector=selector, _preload_content=False,
-                                                   _request_timeout=self._timeout)
+                    body = self._api.get(path, {"fieldSelector": selector}, timeout=self._timeout)
                 except Exception as e:
                     if getattr(e, "status", None) == 404 and self._version + 1 < len(_VERSIONS):
                         self._version += 1  # an older server: its beta API has the same fields
                         continue
                     raise
-                try:
-                    body = json.loads(resp.data)
-                finally:
-                    resp.release_conn()
                 self._slices = {_key(o): o for o in body.get("items") or [] if isinstance(o, Mapping)}
-                resp = api.list_resource_slice(
-                    field_selector=selector, watch=True, allow_watch_bookmarks=True,
-                    resource_version=body.get("metadata", {}).get("resourceVersion", ""),
-                    timeout_seconds=self._watch_timeout, _preload_content=False,
-                    _request_timeout=(self._timeout, self._watch_timeout + self._timeout))
+                resp = self._api.watch(
+                    path, {"fieldSelector": selector, "allowWatchBookmarks": True,
+                           "resourceVersion": body.get("metadata", {}).get("resourceVersion", ""),
+                           "timeoutSeconds": self._watch_timeout},
+                    connect_timeout=self._timeout, read_timeout=self._watch_timeout + self._timeout)
                 self._response = resp
                 try:
-                    for event in _events(resp):
+                    for event in resp.events():
                         if self._stop.is_set() or not self._apply(event):
                             break
                 finally:
                     self._response = None
-                    resp.release_conn()
+                    resp.close()
             except Exception as e:  # keep the last answer: the API may be down, or serve no resource.k8s.io/v1
                 log.warning("cannot list/watch the ResourceSlices of %s: %s", self._node, e)
                 self._stop.wait(30.0)
@@ -188,19 +181,15 @@ class DraWatcher:
                       if _DNS.fullmatch(name) and _DNS.fullmatch(pc.namespace)}
             # Re-read every ``refresh`` seconds, and at once when the pods name other claims (a new pod).
             if wanted != last or time.monotonic() >= due:
-                api = self._client()
-                self._claims = {key: obj for key in sorted(wanted) if (obj := self._read(api, *key)) is not None}
+                self._claims = {key: obj for key in sorted(wanted) if (obj := self._read(*key)) is not None}
                 last, due = wanted, time.monotonic() + self._refresh
             self._stop.wait(1.0)
 
-    def _read(self, api: Any, ns: str, name: str) -> Any:
+    def _read(self, ns: str, name: str) -> Any:
         """One claim as the API returns it; the last good answer on an error, None once it is gone."""
         try:
-            resp = api.read_namespaced_resource_claim(name, ns, _preload_content=False, _request_timeout=self._timeout)
-            try:
-                return json.loads(resp.data)
-            finally:
-                resp.release_conn()
+            path = f"{self._base()}/namespaces/{quote(ns, safe='')}/resourceclaims/{quote(name, safe='')}"
+            return self._api.get(path, timeout=self._timeout)
         except Exception as e:
             if getattr(e, "status", None) == 404:
                 return None  # not created yet, or deleted with its pod

@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,14 @@ class NodeObject(threading.Thread):
         return self._capacity
 
     def run(self) -> None:
-        from kubernetes import client
-
-        api = client.CoreV1Api(self._api)
         while not self._stop_event.is_set():
             try:
-                node = api.read_node(self._node, _request_timeout=10)
-                self._labels = _strings(node.metadata.labels)
-                self._capacity = _strings(node.status.capacity if node.status is not None else None)
+                node = self._api.get(f"/api/v1/nodes/{quote(self._node, safe='')}", timeout=10)
+                if not isinstance(node, Mapping):
+                    raise ValueError("the Node is not an object")
+                meta, status = node.get("metadata"), node.get("status")
+                self._labels = _strings(meta.get("labels") if isinstance(meta, Mapping) else None)
+                self._capacity = _strings(status.get("capacity") if isinstance(status, Mapping) else None)
                 wait = self._refresh
             except Exception as e:  # keep the last answer; the API may be down
                 log.warning("cannot read node %s: %s", self._node, e)

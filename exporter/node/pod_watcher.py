@@ -1,8 +1,7 @@
 """Keeps :class:`~exporter.node.pod_store.PodStore` in sync with the pods bound to this node (list + watch).
 
-A thin adapter around the ``kubernetes`` client: it only moves raw JSON between the API and the
-store. Responses are read with ``_preload_content=False`` so the store gets the Pod dicts exactly as
-the API sent them (no model round trip, which would also reject objects the pydantic models dislike).
+A thin adapter around :class:`~exporter.node.kube_api.KubeApi`: it only moves raw JSON between the
+API and the store, so the store gets the Pod dicts exactly as the API sent them.
 
 Protocol, as client-go's reflector does it: list (field selector ``spec.nodeName=<node>``), then
 watch from the list's resourceVersion with ``timeoutSeconds`` and bookmarks; a watch that ends
@@ -14,22 +13,16 @@ outage leaves attribution working on slightly stale (but usually still right) da
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.config.config_exception import ConfigException
-
 from exporter.model import EMPTY
+from exporter.node.kube_api import ApiException, KubeApi, WatchStream
 from exporter.node.pod_store import PodStore, PodView
 
 log = logging.getLogger(__name__)
@@ -67,7 +60,7 @@ class PodWatcher:
     def __init__(
         self,
         node_name: str,
-        api_client: client.ApiClient,
+        api_client: KubeApi,
         *,
         watch_timeout_seconds: int = 300,
         request_timeout: float = 30.0,
@@ -77,7 +70,7 @@ class PodWatcher:
         store: PodStore | None = None,
     ) -> None:
         self.node_name = node_name
-        self._api = client.CoreV1Api(api_client)
+        self._api = api_client
         self._selector = f"spec.nodeName={node_name}"
         self._watch_timeout = watch_timeout_seconds
         self._request_timeout = request_timeout
@@ -88,7 +81,7 @@ class PodWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._response: Any = None  # the in-flight HTTP response, closed by stop()
+        self._response: WatchStream | None = None  # the watch in flight, shut down by stop()
         self._sync_errors = 0
         self._failures = 0  # consecutive; reset once a watch proves useful (an event or a clean end)
         self._last_sync: float | None = None
@@ -162,10 +155,7 @@ class PodWatcher:
         items: list[Any] = []
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"field_selector": self._selector, "limit": self._page_size}
-            if token:
-                kwargs["_continue"] = token
-            body = self._get_json(**kwargs)
+            body = self._get_json({"fieldSelector": self._selector, "limit": self._page_size, "continue": token})
             meta = body.get("metadata") if isinstance(body, dict) else None
             page = body.get("items") if isinstance(body, dict) else None
             if not isinstance(meta, dict) or not isinstance(page, list):
@@ -179,34 +169,26 @@ class PodWatcher:
                 self._store.replace(items, rv)
                 return rv
 
-    def _get_json(self, **kwargs: Any) -> Any:
+    def _get_json(self, query: dict[str, Any]) -> Any:
         try:
-            resp = self._api.list_pod_for_all_namespaces(
-                _preload_content=False, _request_timeout=self._request_timeout, **kwargs
-            )
-        except client.ApiException as exc:
+            return self._api.get("/api/v1/pods", query, timeout=self._request_timeout)
+        except ApiException as exc:
             if exc.status == 410:
                 raise _Gone(str(exc)) from exc
             raise
-        try:
-            return json.loads(resp.data)
-        finally:
-            resp.release_conn()
 
     def _watch(self, rv: str) -> str:
         """One watch request; returns the resourceVersion to resume from when it ends cleanly."""
         try:
-            resp = self._api.list_pod_for_all_namespaces(
-                field_selector=self._selector,
-                resource_version=rv,
-                watch=True,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self._watch_timeout,
-                _preload_content=False,
+            resp = self._api.watch(
+                "/api/v1/pods",
+                {"fieldSelector": self._selector, "resourceVersion": rv, "allowWatchBookmarks": True,
+                 "timeoutSeconds": self._watch_timeout},
+                connect_timeout=self._request_timeout,
                 # Read timeout past the server's own: a silent, half-open connection still ends.
-                _request_timeout=(self._request_timeout, self._watch_timeout + self._request_timeout),
+                read_timeout=self._watch_timeout + self._request_timeout,
             )
-        except client.ApiException as exc:
+        except ApiException as exc:
             if exc.status == 410:
                 raise _Gone(str(exc)) from exc
             raise
@@ -215,7 +197,7 @@ class PodWatcher:
         if self._stop.is_set():  # stop() ran before the response was published
             self._close_response()
         try:
-            for event in _events(resp):
+            for event in resp.events():
                 etype, obj = event.get("type"), event.get("object")
                 if etype == "ERROR":
                     code = obj.get("code") if isinstance(obj, dict) else None
@@ -235,64 +217,10 @@ class PodWatcher:
         finally:
             with self._lock:
                 self._response = None
-            resp.release_conn()
+            resp.close()
 
     def _close_response(self) -> None:
         with self._lock:
             resp = self._response
         if resp is not None:
-            try:
-                resp.shutdown()  # unblocks a thread sitting in read(), unlike close()
-            except Exception:  # already closed or no socket: nothing to interrupt
-                log.debug("closing watch response", exc_info=True)
-
-
-def _events(resp: Any) -> Iterator[dict[str, Any]]:
-    """Newline-delimited JSON watch events from a streaming urllib3 response."""
-    buf = b""
-    for chunk in resp.stream(amt=None, decode_content=True):
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            if line.strip():
-                event = json.loads(line)
-                if not isinstance(event, dict):
-                    raise ValueError("watch event is not an object")
-                yield event
-    if buf.strip():
-        raise ValueError("watch stream ended in the middle of an event")
-
-
-def build_api_client(api_url: str | None, kubeconfig: str | None) -> client.ApiClient:
-    """An ApiClient from, in this order: an explicit API URL, a kubeconfig path, the in-cluster
-    service account, then ``$KUBECONFIG`` / ``~/.kube/config``.
-
-    With an explicit https URL the in-cluster token and CA are still used when present (pointing
-    a DaemonSet at a specific apiserver endpoint); otherwise it is plain (tests, ``kubectl proxy``).
-    """
-    cfg = client.Configuration()
-    if api_url:
-        if api_url.startswith("https://"):
-            # Never send the service-account token over plain http.
-            with contextlib.suppress(ConfigException):  # not in a cluster: no credentials
-                config.load_incluster_config(client_configuration=cfg)
-        cfg.host = api_url.rstrip("/")
-        return client.ApiClient(cfg)
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg, persist_config=False)
-        return client.ApiClient(cfg)
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    except ConfigException:
-        pass
-    # Read $KUBECONFIG now: the library's own default was frozen when it was imported.
-    default = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    try:
-        config.load_kube_config(config_file=default, client_configuration=cfg, persist_config=False)
-    except (ConfigException, OSError) as exc:
-        raise ConfigException(
-            f"no Kubernetes API configuration: not in a cluster and no usable kubeconfig at {default} "
-            "(use --kube-api-url or --kubeconfig)"
-        ) from exc
-    return client.ApiClient(cfg)
+            resp.shutdown()  # unblocks a thread sitting in read(), unlike close()

@@ -1,9 +1,10 @@
 """Client for the kubelet pod-resources API v1 ``List``, without generated code.
 
 The kubelet serves ``v1.PodResourcesLister`` over gRPC on a unix socket. We call it through
-grpcio's generic ``unary_unary`` and carry the few messages we need with a small hand-written
-protobuf wire-format codec, which keeps protoc and the generated-code/runtime version pairing
-out of the build. Field numbers follow ``k8s.io/kubelet/pkg/apis/podresources/v1/api.proto``::
+grpclib (pure-Python gRPC on asyncio and h2, a few MiB where grpcio's core takes 15) with a codec
+that passes bytes through, and carry the few messages we need with a small hand-written protobuf
+wire-format codec, which keeps protoc and the generated-code/runtime version pairing out of the
+build. Field numbers follow ``k8s.io/kubelet/pkg/apis/podresources/v1/api.proto``::
 
     ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
     PodResources             { string name = 1; string namespace = 2;
@@ -27,19 +28,18 @@ KubeletPodResourcesDynamicResources gate is on (default since 1.34).
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import os
 import stat
+import threading
 from collections.abc import Iterable, Iterator
-
-import grpc
+from typing import Any
 
 from exporter.model import ClaimResource, DynamicResource, PodResources, PodResourcesContainer
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
-# A node with many pods and devices can exceed grpc's 4 MiB default.
-_MAX_RECEIVE_BYTES = 64 * 1024 * 1024
-
 _VARINT, _FIXED64, _LEN, _SGROUP, _EGROUP, _FIXED32 = 0, 1, 2, 3, 4, 5
 
 
@@ -256,14 +256,63 @@ def encode_list_response(pods: Iterable[PodResources]) -> bytes:
 # --- gRPC client -----------------------------------------------------------------------------
 
 
-def _serialize_empty_request(_request: object) -> bytes:
-    return b""  # ListPodResourcesRequest has no fields
+class _Client:
+    """An event loop and one channel per socket, kept between calls (one call at a time: ``lock``).
+
+    The connection stays open (grpclib reconnects when the kubelet closed it, e.g. on its restart);
+    the loop runs only during a call, so nothing else happens on it. Closed at exit.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.channels: dict[str, Any] = {}
+        self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        with self.lock:
+            for path in list(self.channels):
+                self.drop(path)
+            self.loop.close()
+
+    def channel(self, socket_path: str) -> Any:
+        channel = self.channels.get(socket_path)
+        if channel is None:
+            from grpclib.client import Channel
+            from grpclib.encoding.base import CodecBase
+
+            class Raw(CodecBase):
+                """Bytes in, bytes out: the request is empty, the answer is decoded after the call."""
+
+                __content_subtype__ = "proto"
+
+                def encode(self, message: Any, message_type: Any) -> bytes:
+                    return b""
+
+                def decode(self, data: bytes, message_type: Any) -> bytes:
+                    return data
+
+            async def make() -> Any:  # a Channel belongs to the loop running when it is made
+                return Channel(path=socket_path, codec=Raw())
+
+            channel = self.channels[socket_path] = self.loop.run_until_complete(make())
+        return channel
+
+    def drop(self, socket_path: str) -> None:
+        channel = self.channels.pop(socket_path, None)
+        if channel is not None:
+            channel.close()
 
 
-def _raw_response(data: bytes) -> bytes:
-    # Decoding happens after the call: an exception raised inside a grpc deserializer would
-    # come back wrapped as an RpcError(INTERNAL) and be reported as "unavailable".
-    return data
+_client = _Client()
+
+
+async def _call(channel: Any, timeout: float) -> bytes:
+    from grpclib.const import Cardinality
+
+    async with channel.request(LIST_METHOD, Cardinality.UNARY_UNARY, None, None, timeout=timeout) as stream:
+        await stream.send_message(b"", end=True)
+        return await stream.recv_message() or b""
 
 
 def list_pod_resources(socket_path: str, timeout: float = 2.0) -> tuple[PodResources, ...]:
@@ -281,24 +330,34 @@ def list_pod_resources(socket_path: str, timeout: float = 2.0) -> tuple[PodResou
         ) from None
     if not stat.S_ISSOCK(mode):
         raise PodResourcesUnavailable(f"pod-resources path {socket_path} is not a unix socket")
-    options = [("grpc.max_receive_message_length", _MAX_RECEIVE_BYTES)]
+    return decode_list_response(_list(socket_path, timeout))
+
+
+def _list(socket_path: str, timeout: float) -> bytes:
+    """The raw answer; any failure closes the channel (the next call connects anew)."""
+    from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+    from h2.exceptions import H2Error
+
     try:
-        with grpc.insecure_channel(f"unix:{socket_path}", options=options) as channel:
-            call = channel.unary_unary(
-                LIST_METHOD,
-                request_serializer=_serialize_empty_request,
-                response_deserializer=_raw_response,
-            )
-            data = call(None, timeout=timeout)
-    except grpc.RpcError as exc:
-        code = exc.code() if isinstance(exc, grpc.Call) else None
-        details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        with _client.lock:
+            reused = socket_path in _client.channels
+            try:
+                return _client.loop.run_until_complete(_call(_client.channel(socket_path), timeout))
+            except (OSError, EOFError, StreamTerminatedError, ProtocolError, H2Error):
+                if not reused:
+                    raise
+                _client.drop(socket_path)  # the kubelet closed it since (a restart): once more, connecting anew
+                return _client.loop.run_until_complete(_call(_client.channel(socket_path), timeout))
+    except BaseException as exc:
+        with _client.lock:
+            _client.drop(socket_path)
+        if isinstance(exc, TimeoutError):  # grpclib's deadline, as asyncio.TimeoutError
             raise PodResourcesUnavailable(
-                f"pod-resources List on {socket_path} timed out after {timeout:g}s"
-            ) from None
-        name = code.name if code is not None else "UNKNOWN"
-        raise PodResourcesUnavailable(
-            f"pod-resources List on {socket_path} failed: {name}: {details}"
-        ) from None
-    return decode_list_response(data)
+                f"pod-resources List on {socket_path} timed out after {timeout:g}s") from None
+        if isinstance(exc, GRPCError):
+            detail = f"{exc.status.name}: {exc.message}" if exc.message else exc.status.name
+            raise PodResourcesUnavailable(f"pod-resources List on {socket_path} failed: {detail}") from None
+        if isinstance(exc, OSError | EOFError | StreamTerminatedError | ProtocolError | H2Error):  # refused, reset
+            raise PodResourcesUnavailable(
+                f"pod-resources List on {socket_path} failed: UNAVAILABLE: {type(exc).__name__}: {exc}") from None
+        raise

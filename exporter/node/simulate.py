@@ -16,8 +16,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from exporter.attribution.cgroup import parse_cgroup
 from exporter.model import (
     CgroupRef,
@@ -328,6 +326,8 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     except ValueError as e:  # a NUL in the path
         raise ScenarioError(f"cannot read scenario {path!r}: {e}") from None
+    import yaml  # only a simulated node reads YAML
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

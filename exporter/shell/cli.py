@@ -20,7 +20,7 @@ from exporter.exposition.pod_labels import parse_allowlist
 from exporter.exposition.rows import LabelNames
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
-from exporter.node.simulate import ScenarioError, ScenarioProc, SimulatedBackend, load_scenario
+from exporter.node.scenario_parse import ScenarioError
 from exporter.shell.config import SUBCOMMANDS, Config, ConfigError, bind_error, check_listen, load_config
 from exporter.shell.logging_setup import configure_logging
 from exporter.shell.sources import PodResourcesSource, XidSource
@@ -28,6 +28,7 @@ from exporter.shell.status import CycleMonitor
 from exporter.shell.summary import startup_summary
 
 log = logging.getLogger("kube_gpu_exporter")
+SWITCH_INTERVAL = 0.0001  # seconds; see _serve
 
 
 @dataclass
@@ -84,6 +85,8 @@ def build_daemon(cfg: Config) -> Daemon:
     closers: list[Callable[[], None]] = []
     api_client = None
     if cfg.simulate:
+        from exporter.node.simulate import ScenarioProc, SimulatedBackend, load_scenario
+
         scenario = load_scenario(cfg.simulate)
         node = cfg.node_name or scenario.node or os.uname().nodename
         backend = SimulatedBackend(scenario)
@@ -99,9 +102,12 @@ def build_daemon(cfg: Config) -> Daemon:
 
         def pod_resources(pr=scenario.pod_resources):
             return pr
-        if cfg.kube_api_url:
-            from exporter.node.pod_watcher import build_api_client
-            api_client = build_api_client(cfg.kube_api_url, None)
+        if cfg.kube_api_url:  # Events only
+            from exporter.node.kube_api import KubeConfigError, build_api_client
+            try:
+                api_client = build_api_client(cfg.kube_api_url, None)
+            except KubeConfigError as e:
+                raise ConfigError(f"--kube-api-url: {e}") from None
     else:
         from exporter.node.nvml.backend import NvmlBackend
         from exporter.node.procfs import ProcReader
@@ -139,17 +145,14 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
     """Pods and the Node object from the API (or nothing, with --no-pod-watch)."""
     if not cfg.pod_watch:
         return _empty_pods(), None, None
-    import yaml
-    from kubernetes.config.config_exception import ConfigException
-
+    from exporter.node.kube_api import KubeConfigError, build_api_client
     from exporter.node.node_object import NodeObject
-    from exporter.node.pod_watcher import PodWatcher, build_api_client
+    from exporter.node.pod_watcher import PodWatcher
 
     try:
         api_client = build_api_client(cfg.kube_api_url, cfg.kubeconfig)
-    except (ConfigException, OSError, yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except KubeConfigError as e:
         # A startup mistake, not a transient fault: say what to do instead of a traceback.
-        # (A kubeconfig of the wrong shape fails inside the client in many ways.)
         where = f"--kubeconfig {cfg.kubeconfig}: " if cfg.kubeconfig else ""
         detail = " ".join(str(e).split()) or type(e).__name__
         raise ConfigError(f"{where}{detail} (or --no-pod-watch to run without pods)") from None
@@ -254,6 +257,11 @@ def _serve(daemon: Daemon) -> int:
         print(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", file=sys.stderr)
         daemon.close()
         return 2
+    # The sampler's cycle is pure Python on its own thread: a scrape arriving meanwhile waits for the
+    # GIL after each of its system calls, up to the switch interval each time (5 ms by default, times
+    # the scrapes queued). A short one keeps scrapes near an idle server's latency; the cost is a few
+    # microseconds per switch, paid only while both threads want to run (bench/README.md, footprint).
+    sys.setswitchinterval(SWITCH_INTERVAL)
     # Containers often start with a soft limit of 1024: lift it, then cap connections well under it.
     limits = ServerLimits().fitted(raise_nofile_limit())
     host, port = daemon.config.host_port

@@ -72,6 +72,7 @@ class HttpStats:
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     open_connections: int = 0
     connection_limit: int = 0
+    _rendered: tuple[tuple[int, ...], bytes] | None = field(default=None, repr=False, compare=False)
 
     def error(self, reason: str) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + 1
@@ -80,7 +81,16 @@ class HttpStats:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     def render(self) -> bytes:
-        """Prometheus text of these counters: a few hundred bytes, built per scrape."""
+        """Prometheus text of these counters: a few hundred bytes, built again only when one changed."""
+        # the reasons are fixed and in order (a new one lengthens the key): the values say it all
+        key = (*self.errors.values(), *self.dropped.values(), self.open_connections, self.connection_limit)
+        if self._rendered is not None and self._rendered[0] == key:
+            return self._rendered[1]
+        text = self._render()
+        self._rendered = (key, text)
+        return text
+
+    def _render(self) -> bytes:
         out = [
             f"# HELP {ERRORS_FAMILY} HTTP accept failures and malformed requests, by reason\n"
             f"# TYPE {ERRORS_FAMILY} counter\n",

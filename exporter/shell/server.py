@@ -1,71 +1,102 @@
 """HTTP server: serves the last snapshot. A scrape never touches NVML, /proc or the API.
 
-:func:`make_app` is the aiohttp application (the routes); :class:`HttpServer` puts it on a listening
-socket with the defences of :mod:`exporter.shell.http_limits` (connection cap, timeouts, one-line
-error reporting) and :func:`run` serves until SIGTERM/SIGINT.
+:func:`make_app` is the application (the routes); :class:`HttpServer` puts it on a listening socket,
+one :class:`~exporter.shell.http_proto.HttpConnection` per connection, with the defences of
+:mod:`exporter.shell.http_limits` (connection cap, timeouts, one-line error reporting), and
+:func:`run` serves until SIGTERM/SIGINT. No web framework: a scrape is a parse, a lookup and one
+write, on an event loop that does nothing else (the sampler has its own thread).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import inspect
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from aiohttp import web
-
-from exporter.exposition.snapshot import CONTENT_TYPE, scrape_payload
+from exporter.exposition.snapshot import CONTENT_TYPE, scrape_parts
 from exporter.node.sampler import SnapshotHolder
 from exporter.shell.encoding import wants_gzip
-from exporter.shell.http_limits import (
-    ConnectionLimiter,
-    LimitedRequestHandler,
-    ServerLimits,
-    log,
-    loop_exception_handler,
-)
+from exporter.shell.http_limits import ConnectionLimiter, ServerHooks, ServerLimits, log, loop_exception_handler
+from exporter.shell.http_proto import Handler, HttpConnection, Request, Response
 from exporter.shell.http_stats import HttpStats, RateLimitedLog
 from exporter.shell.web_config import BasicAuth, TlsReloader, WebConfig
+
+NO_STORE = [("Cache-Control", "no-store")]
+
+
+class App:
+    """Routes by path, GET and HEAD only; an optional check before every route (basic authentication)."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, Handler] = {}
+        self.check: Callable[[Request], Awaitable[Response | None]] | None = None
+
+    def add_get(self, path: str, handler: Handler) -> None:
+        """``handler(request)`` returns a :class:`Response`, or an awaitable of one."""
+        self.routes[path] = handler
+
+    def handler(self, request: Request) -> Handler:
+        route = self.routes.get(request.path, _not_found)
+        if route is not _not_found and request.method not in ("GET", "HEAD"):
+            route = _not_allowed
+        if self.check is not None:  # every path, unknown ones included, as node_exporter
+            return lambda r: self._checked(route, r)
+        return route
+
+    async def _checked(self, route: Handler, request: Request) -> Response:
+        assert self.check is not None
+        refused = await self.check(request)
+        if refused is not None:
+            return refused
+        result = route(request)
+        return await result if inspect.isawaitable(result) else result
+
+
+def _not_found(request: Request) -> Response:
+    return Response.text(404, "404: Not Found")
+
+
+def _not_allowed(request: Request) -> Response:
+    return Response.text(405, "405: Method Not Allowed", headers=[("Allow", "GET,HEAD")])
 
 
 def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], float] = time.time,
              stats: HttpStats | None = None, monotonic: Callable[[], float] = time.monotonic,
-             not_ready: Callable[[], str | None] | None = None) -> web.Application:
-    """The aiohttp application.
+             not_ready: Callable[[], str | None] | None = None) -> App:
+    """The application.
 
     /healthz fails once the sampler has finished no cycle (good or bad) for ``stale_after`` seconds;
     /readyz fails before the first snapshot and while ``not_ready`` gives a reason (NVML down);
     ``stats`` are the server's own counters, appended to each scrape; ``/`` and ``/status.json`` serve
     the snapshot's status tree (docs/status.md) as HTML and JSON.
     """
+    # Vary: a cache between Prometheus and us must not hand gzip to a client that refused it.
+    plain = [("Vary", "Accept-Encoding")]
+    zipped = [("Vary", "Accept-Encoding"), ("Content-Encoding", "gzip")]
 
-    async def metrics(request: web.Request) -> web.Response:
+    def metrics(request: Request) -> Response:
         snapshot = holder.get()
-        gz = wants_gzip(request.headers.getall("Accept-Encoding", None))
-        body = scrape_payload(snapshot, clock(), gz, stats.render() if stats is not None else b"")
-        # Vary: a cache between Prometheus and us must not hand gzip to a client that refused it.
-        headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
-        if gz:
-            headers["Content-Encoding"] = "gzip"
-        return web.Response(body=body, headers=headers)
+        gz = wants_gzip(request.header_values("accept-encoding"))
+        body, tail = scrape_parts(snapshot, clock(), gz, stats.render() if stats is not None else b"")
+        return Response(200, body, CONTENT_TYPE, zipped if gz else plain, (tail,))
 
-    async def healthz(request: web.Request) -> web.Response:
+    def healthz(request: Request) -> Response:
         ended = holder.last_cycle_end
         if ended is not None and (since := monotonic() - ended) > stale_after:
             # A hung NVML call stops the sampler; failing liveness lets the kubelet restart us.
             # Cycles that fail are no reason: the sampler runs, and its failures show in the metrics.
-            return web.Response(status=503, text=f"sampler stuck: last cycle ended {since:.1f}s ago "
-                                                 f"(limit {stale_after:g}s)\n")
-        return web.Response(text="ok\n")
+            return Response.text(503, f"sampler stuck: last cycle ended {since:.1f}s ago (limit {stale_after:g}s)\n")
+        return Response.text(200, "ok\n")
 
-    async def readyz(request: web.Request) -> web.Response:
+    def readyz(request: Request) -> Response:
         if not holder.ready:
-            return web.Response(status=503, text="no snapshot yet\n")
+            return Response.text(503, "no snapshot yet\n")
         if not_ready is not None and (reason := not_ready()):
-            return web.Response(status=503, text=f"{reason}\n")
-        return web.Response(text="ok\n")
+            return Response.text(503, f"{reason}\n")
+        return Response.text(200, "ok\n")
 
     from exporter.exposition.status import status_json, status_view
     from exporter.exposition.status_html import render_html
@@ -80,31 +111,27 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
         snapshot = holder.get()
         return status_view(snapshot.status, snapshot.body, clock(), holder.ready, xid_catalog)
 
-    async def index(request: web.Request) -> web.Response:
-        return web.Response(body=render_html(view()), content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-store"})
+    def index(request: Request) -> Response:
+        return Response(200, render_html(view()), "text/html; charset=utf-8", NO_STORE)
 
-    async def status(request: web.Request) -> web.Response:
-        return web.Response(body=status_json(view()), content_type="application/json",
-                            headers={"Cache-Control": "no-store"})
+    def status(request: Request) -> Response:
+        return Response(200, status_json(view()), "application/json", NO_STORE)
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/status.json", status)
-    app.router.add_get("/", index)
+    app = App()
+    for path, handler in (("/metrics", metrics), ("/healthz", healthz), ("/readyz", readyz),
+                          ("/status.json", status), ("/", index)):
+        app.add_get(path, handler)
     return app
 
 
 class HttpServer:
-    """``app`` listening on ``host:port`` through :class:`LimitedRequestHandler` connections.
+    """``app`` listening on ``host:port``, one :class:`HttpConnection` per connection.
 
     ``web_config`` (``--web-config-file``): TLS with certificates re-read when they change, and basic authentication
     on every path (exporter/shell/web_config.py).
     """
 
-    def __init__(self, app: web.Application, host: str, port: int, limits: ServerLimits,
+    def __init__(self, app: App, host: str, port: int, limits: ServerLimits,
                  stats: HttpStats, access_log: logging.Logger | None = None,
                  web_config: WebConfig | None = None) -> None:
         self.app, self.host, self.requested_port = app, host, port
@@ -114,22 +141,18 @@ class HttpServer:
         self.auth = BasicAuth(wc.users) if wc is not None and wc.users else None
         self.report = RateLimitedLog(log)
         self.limiter = ConnectionLimiter(limits.max_connections, stats, self.report)
-        self._runner: web.AppRunner | None = None
+        self.hooks = ServerHooks(self.limiter, stats, self.report, access_log)
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(loop_exception_handler(self.stats, self.report))
         if self.auth is not None:
-            self.app.middlewares.append(self.auth.middleware)  # before setup freezes the app
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
-                                     shutdown_timeout=self.limits.shutdown_timeout)
-        await self._runner.setup()
-        # Our own protocol factory instead of web.TCPSite: each connection is a LimitedRequestHandler;
-        # the runner's Server stays its manager (request dispatch, graceful shutdown).
-        factory = functools.partial(LimitedRequestHandler, self._runner.server, loop=loop, limiter=self.limiter,
-                                    stats=self.stats, report=self.report, limits=self.limits,
-                                    access_log=self.access_log)
+            self.app.check = self.auth.check
+
+        def factory() -> HttpConnection:
+            return HttpConnection(self.app.handler, self.limits, self.hooks, loop)
+
         # TLS: a handshake must complete within the header timeout (the limiter counts connections only after it).
         tls = {} if self.tls is None else {"ssl": self.tls.server_context(),
                                            "ssl_handshake_timeout": self.limits.header_timeout}
@@ -142,10 +165,16 @@ class HttpServer:
         return self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
+        """Stop listening, close idle connections, give busy ones a little time, then cut them."""
         if self._server is not None:
             self._server.close()
-        if self._runner is not None:
-            await self._runner.cleanup()  # closes idle connections, waits a little for busy ones
+        busy = [c for c in self.limiter.connections() if not c.close_idle()]
+        deadline = time.monotonic() + self.limits.shutdown_timeout
+        while any(c.busy and c.transport is not None for c in busy) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the busy ones finish their answers
+        for c in self.limiter.connections():
+            c.force_close()
+        await asyncio.sleep(0)  # their connection_lost callbacks
 
 
 class BindError(Exception):

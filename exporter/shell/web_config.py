@@ -26,15 +26,12 @@ import os
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import bcrypt
-import yaml
-from aiohttp import web
-
 from exporter.shell.config import ConfigError
+from exporter.shell.http_proto import Request, Response
 
 log = logging.getLogger("kube_gpu_exporter.http")
 
@@ -100,6 +97,8 @@ class WebConfig:
 
 def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
     """Read and check the file, load its certificates once; raises ConfigError naming ``source``."""
+    import yaml  # only with --web-config-file
+
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: a NUL in the path (UnicodeError is one)
@@ -231,9 +230,6 @@ class TlsReloader:
             conn.context = current
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
 class BasicAuth:
     """HTTP basic authentication against bcrypt hashes; successes are cached by a hash of the credentials."""
 
@@ -280,16 +276,17 @@ class BasicAuth:
         self._cache[key] = now + self._ttl
         return True
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def check(self, request: Request) -> Response | None:
         """Every path, as node_exporter: 401 with ``WWW-Authenticate: Basic`` without valid credentials."""
-        if not await self.allowed(request.headers.get("Authorization")):
-            return web.Response(status=401, text="401 Unauthorized\n", headers={"WWW-Authenticate": "Basic"})
-        return await handler(request)
+        if not await self.allowed(request.header("authorization")):
+            return Response.text(401, "401 Unauthorized\n", headers=[("WWW-Authenticate", "Basic")])
+        return None
 
 
 def _check(password: bytes, hashed: bytes) -> bool:
     try:
+        import bcrypt  # only with basic_auth_users
+
         return bcrypt.checkpw(password, hashed)  # constant-time comparison of the hashes
     except ValueError:
         return False

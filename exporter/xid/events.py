@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kubernetes.client import EventsV1Event, EventsV1EventSeries, V1ObjectMeta, V1ObjectReference
-
 from exporter.xid.parse import XidReport, lookup
 
 REPORTING_CONTROLLER = "kube-gpu-exporter.io/xid-watcher"
@@ -94,7 +92,7 @@ class CreateEvent:
     """POST this Event."""
 
     name: str
-    body: EventsV1Event
+    body: dict[str, Any]  # the Event as the API server receives it (JSON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +101,7 @@ class PatchSeries:
 
     name: str
     patch: dict[str, Any]
-    recreate: EventsV1Event
+    recreate: dict[str, Any]
 
 
 EventWrite = CreateEvent | PatchSeries
@@ -140,26 +138,17 @@ def _truncate_bytes(text: str, limit: int) -> str:
     return data[: limit - 3].decode("utf-8", "ignore") + "\u2026"
 
 
-class MicroTime(datetime):
-    """A datetime that always serialises with microseconds.
+def _micro(ts: float) -> str:
+    """MicroTime as the ``kubernetes`` client sent it (``isoformat``, always with microseconds).
 
-    The client serialises datetimes with ``isoformat()``, which drops the fraction when it is zero;
-    the API server parses MicroTime with a fixed ``.000000`` layout and would reject such a value.
+    The API server parses MicroTime with a fixed ``.000000`` layout: the fraction is never left out.
     """
-
-    def isoformat(self, sep: str = "T", timespec: str = "microseconds") -> str:
-        """ISO 8601 with microseconds, whatever the value."""
-        return super().isoformat(sep, timespec)
-
-
-def _micro(ts: float) -> MicroTime:
-    dt = datetime.fromtimestamp(ts, UTC)
-    return MicroTime(dt.year, dt.month, dt.day, dt.hour, dt.minute, dt.second, dt.microsecond, UTC)
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")
 
 
 def micro_time(ts: float) -> str:
     """Kubernetes MicroTime (RFC 3339, microseconds, UTC) for unix seconds ``ts``."""
-    return _micro(ts).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def build_note(occ: XidOccurrence) -> str:
@@ -216,36 +205,31 @@ def build_event(
     first_seen: float,
     series: tuple[int, float] | None = None,
     namespace: str = EVENT_NAMESPACE,
-) -> EventsV1Event:
-    """The events.k8s.io/v1 Event for a series that started with ``occ`` at ``first_seen``."""
-    related = None
-    if occ.pod:
-        related = V1ObjectReference(
-            api_version="v1",
-            kind="Pod",
-            namespace=occ.pod.namespace,
-            name=occ.pod.name,
-            uid=occ.pod.uid,
-            field_path=f"spec.containers{{{occ.pod.container}}}" if occ.pod.container else None,
-        )
-    return EventsV1Event(
-        api_version="events.k8s.io/v1",
-        kind="Event",
-        metadata=V1ObjectMeta(name=name, namespace=namespace),
-        event_time=_micro(first_seen),
-        type=EVENT_TYPE,
-        reason=event_reason(occ.report.xid),
-        action=ACTION,
-        reporting_controller=REPORTING_CONTROLLER,
-        reporting_instance=reporting_instance(occ.node_name),
+) -> dict[str, Any]:
+    """The events.k8s.io/v1 Event (its JSON) for a series that started with ``occ`` at ``first_seen``."""
+    event: dict[str, Any] = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": namespace},
+        "eventTime": _micro(first_seen),
+        "type": EVENT_TYPE,
+        "reason": event_reason(occ.report.xid),
+        "action": ACTION,
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": reporting_instance(occ.node_name),
         # Kubelet's convention: a Node's UID in event references is its name.
-        regarding=V1ObjectReference(api_version="v1", kind="Node", name=occ.node_name, uid=occ.node_name),
-        related=related,
-        note=build_note(occ),
-        series=(
-            EventsV1EventSeries(count=series[0], last_observed_time=_micro(series[1])) if series else None
-        ),
-    )
+        "regarding": {"apiVersion": "v1", "kind": "Node", "name": occ.node_name, "uid": occ.node_name},
+        "note": build_note(occ),
+    }
+    if occ.pod:
+        related = {"apiVersion": "v1", "kind": "Pod", "namespace": occ.pod.namespace, "name": occ.pod.name,
+                   "uid": occ.pod.uid}
+        if occ.pod.container:
+            related["fieldPath"] = f"spec.containers{{{occ.pod.container}}}"
+        event["related"] = related
+    if series:
+        event["series"] = {"count": series[0], "lastObservedTime": _micro(series[1])}
+    return event
 
 
 def series_patch(count: int, last_observed: float) -> dict[str, Any]:

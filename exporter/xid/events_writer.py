@@ -1,4 +1,4 @@
-"""Adapter: performs event writes with the real ``kubernetes`` client on a background thread.
+"""Adapter: performs event writes through :class:`~exporter.node.kube_api.KubeApi` on a background thread.
 
 ``submit`` only enqueues (a full queue drops and counts), so the Xid watcher and the sampler never
 wait on the API server. The worker retries transient failures (connection errors, 408/429/5xx) with
@@ -14,9 +14,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from kubernetes.client import ApiClient, EventsV1Api
-from kubernetes.client.exceptions import ApiException
-
+from exporter.node.kube_api import ApiException, KubeApi
 from exporter.xid.events import (
     EVENT_NAMESPACE,
     CreateEvent,
@@ -30,7 +28,6 @@ __all__ = ["EventsSink", "EventsWriter", "WriterCounts"]
 
 log = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
 _TRANSIENT = frozenset({0, 408, 429, 500, 502, 503, 504})
 _STOP = object()
 
@@ -52,15 +49,14 @@ def is_transient(err: BaseException) -> bool:
 
 
 class EventsWriter:
-    """An :class:`EventsSink` posting to ``events.k8s.io/v1`` through ``EventsV1Api``.
+    """An :class:`EventsSink` posting to ``events.k8s.io/v1`` (``api``: its ``create_event``/``patch_event``).
 
-    ``api`` may also be a plain ``ApiClient``. The worker thread starts with :meth:`start` (or the
-    first :meth:`submit`); :meth:`stop` is :meth:`close`.
+    The worker thread starts with :meth:`start` (or the first :meth:`submit`); :meth:`stop` is :meth:`close`.
     """
 
     def __init__(
         self,
-        api: EventsV1Api | ApiClient,
+        api: KubeApi,
         namespace: str = EVENT_NAMESPACE,
         *,
         max_queue: int = 1000,
@@ -69,7 +65,7 @@ class EventsWriter:
         backoff_max: float = 30.0,
         request_timeout: float = 10.0,
     ) -> None:
-        self._api = EventsV1Api(api) if isinstance(api, ApiClient) else api
+        self._api = api
         self._namespace = namespace
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._max_attempts = max_attempts
@@ -170,7 +166,7 @@ class EventsWriter:
     def _create(self, write: EventWrite) -> None:
         body = write.body if isinstance(write, CreateEvent) else write.recreate
         try:
-            self._api.create_namespaced_event(self._namespace, body, _request_timeout=self._timeout)
+            self._api.create_event(self._namespace, body, timeout=self._timeout)
         except ApiException as err:
             if err.status != 409:  # AlreadyExists: an earlier attempt got through
                 raise
@@ -178,11 +174,7 @@ class EventsWriter:
     def _patch(self, write: EventWrite) -> None:
         assert isinstance(write, PatchSeries)
         try:
-            self._api.patch_namespaced_event(
-                write.name, self._namespace, write.patch,
-                _content_type=MERGE_PATCH,  # the client would pick json-patch for a dict body
-                _request_timeout=self._timeout,
-            )
+            self._api.patch_event(write.name, self._namespace, write.patch, timeout=self._timeout)
         except ApiException as err:
             if err.status == 404:
                 raise _Gone from err
