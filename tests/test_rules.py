@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.bundle import rules as rulesgen
+from exporter.bundle import rules_cli
 from exporter.bundle.rules import LEVELS, RuleOptions, RuleOptionsError, render_prometheusrule, render_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +140,7 @@ def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("path", sorted(COMMITTED))
 def test_committed_rendering_is_fresh(path: str, tmp_path: Path) -> None:
     out = tmp_path / "fresh.yaml"
-    assert rulesgen.main([*COMMITTED[path], "-o", str(out)]) == 0
+    assert rules_cli.main([*COMMITTED[path], "-o", str(out)]) == 0
     fresh = out.read_text(encoding="utf-8")
     committed = (ROOT / path).read_text(encoding="utf-8")
     assert committed == fresh, (
@@ -372,18 +373,18 @@ def test_bad_options_give_a_clear_error(kwargs: dict, message: str) -> None:
 
 
 def test_cli_reports_errors_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert rulesgen.main(["--pod-label", "pod-name"]) == 2
+    assert rules_cli.main(["--pod-label", "pod-name"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kube-gpu-exporter rules: error: --pod-label")
-    assert rulesgen.main(["--format", "prometheusrule", "--label", "novalue"]) == 2
+    assert rules_cli.main(["--format", "prometheusrule", "--label", "novalue"]) == 2
     assert "--label" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
-        rulesgen.main(["--format", "json"])
+        rules_cli.main(["--format", "json"])
     assert exc.value.code == 2
 
 
 def test_cli_levels_interval_and_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    assert rulesgen.main(["--levels", "cluster, namespace", "--interval", "1m"]) == 0
+    assert rules_cli.main(["--levels", "cluster, namespace", "--interval", "1m"]) == 0
     out = capsys.readouterr().out
     doc = yaml.safe_load(out)
     group = doc["groups"][0]

@@ -7,8 +7,6 @@ non-editable install. Run ``kube-gpu-exporter rules --help`` for the options.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,14 +21,10 @@ from exporter.bundle.common import (
     K8S_NAME_RE,
     LABEL_FLAGS,
     LabelOptions,
-    add_label_arguments,
-    add_prometheusrule_arguments,
     changed_flags,
     is_positive_duration,
-    label_arguments,
     metadata_args,
     object_metadata,
-    rule_file_main,
     with_k8s_labels,
 )
 
@@ -232,49 +226,3 @@ def render_prometheusrule(
     return env.get_template("prometheusrule.yaml.j2").render(
         metadata=metadata, groups=groups, cli_args=" ".join(args)
     )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``kube-gpu-exporter rules`` argument parser."""
-    p = argparse.ArgumentParser(
-        prog="kube-gpu-exporter rules",
-        description="Render the GPU recording-rule bundle (container/pod/node/workload/namespace/cluster).",
-    )
-    d = RuleOptions()
-    add_label_arguments(
-        p, "label telling clusters apart (e.g. cluster); every aggregation keeps it. Default: none"
-    )
-    p.add_argument(
-        "--interval", default=d.interval, help="rule group evaluation interval (default %(default)s)"
-    )
-    p.add_argument(
-        "--rate-window",
-        default=d.rate_window,
-        help="rate() window of the busy-seconds and energy series; at least 4 scrape intervals (default %(default)s)",
-    )
-    p.add_argument(
-        "--levels",
-        default=",".join(LEVELS),
-        help="comma-separated levels to emit (default %(default)s)",
-    )
-    add_prometheusrule_arguments(
-        p, "kube-gpu-exporter", "PrometheusRule metadata label, repeatable (e.g. release=kube-prometheus-stack)"
-    )
-    p.add_argument("-o", "--output", default="-", help="output file (default stdout)")
-    return p
-
-
-def options_from_args(args: argparse.Namespace) -> RuleOptions:
-    """Translate parsed CLI arguments into :class:`RuleOptions` (not yet validated)."""
-    levels = tuple(dict.fromkeys(lv.strip() for lv in args.levels.split(",") if lv.strip()))
-    return RuleOptions(**label_arguments(args), interval=args.interval, rate_window=args.rate_window, levels=levels)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; ``argv`` are the arguments after ``rules``. Returns the exit status."""
-    args = build_parser().parse_args(argv)
-    return rule_file_main("rules", RuleOptionsError, args, options_from_args, render_rules, render_prometheusrule)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -140,7 +140,7 @@ OPTIONS: tuple[Option, ...] = (
 
 # The subcommands: name -> (module whose main() runs it, or None for the exporter's own, one-line help).
 SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
-    "rules": ("exporter.bundle.rules", "render the recording rules"),
+    "rules": ("exporter.bundle.rules_cli", "render the recording rules"),
     "alerts": ("exporter.bundle.alerts.cli", "render the alerting rules"),
     "dashboards": ("exporter.bundle.dashboards.cli", "render the Grafana dashboards"),
     "render": (None, "run one sampling cycle, print the exposition and exit (the exporter's flags)"),
@@ -164,7 +164,7 @@ def check_listen(listen: str) -> None:
     """
     host, port = parse_listen(listen)
     try:
-        # The same lookup asyncio's create_server (under aiohttp) makes for this host.
+        # The same lookup asyncio's create_server makes for this host.
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as e:  # gaierror, or a name the idna codec refuses
         detail = e.strerror if isinstance(e, OSError) and e.strerror else str(e)

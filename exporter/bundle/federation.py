@@ -1,0 +1,221 @@
+"""Federation artifacts, derived from the same rule model as the bundle (docs/scaling.md).
+
+* :func:`federation_selectors`: the ``match[]`` selectors a global (or regional) Prometheus sends to
+  each cluster server's ``/federate``: the public records of the workload, namespace and cluster
+  levels, by exact name, never an exporter's raw series, a helper or a node-, pod- or
+  container-level record. :func:`render_federation_job` wraps them in a ready scrape job.
+* :func:`render_global_rules`: the ``k8s-gpu-global`` group the federating server evaluates. It
+  re-aggregates the federated series across clusters: every non-ratio series (a sum over GPUs or
+  pods) is summed, every ratio is recomputed from the summed numerator and the summed
+  denominator (never an average of the clusters' ratios). ``max by (<cluster>, ...)`` first
+  de-duplicates a cluster federated twice (an HA pair, two paths).
+
+Reached through ``kube-gpu-exporter rules --tier global`` and ``--federation-selectors``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+
+import yaml
+
+from exporter.bundle.common import (
+    command_line,
+    dump_yaml,
+    metadata_args,
+    object_metadata,
+    with_k8s_labels,
+)
+from exporter.bundle.rules import RuleOptions, RuleOptionsError, render_rules
+
+FEDERATED_LEVELS: tuple[str, ...] = ("workload", "namespace", "cluster")
+JOB_NAME = "kube-gpu-exporter-federate"
+SAMPLE_TARGETS: tuple[str, ...] = ("prometheus-cluster-a:9090", "prometheus-cluster-b:9090")
+
+# k8s_<level>_<ratio>: (numerator at the same level, denominator at the cluster level). A numerator
+# the bundle does not record (allocations) is rebuilt per cluster as ratio x denominator / 100 and
+# recorded at the global tier under the name in _REBUILT.
+_RATIOS: dict[str, tuple[str, str]] = {
+    "rate_gpu_used_cluster": ("gpu_used", "gpu_total"),
+    "rate_gpu_memory_used_cluster": ("gpu_memory_used_bytes", "gpu_memory_total_bytes"),
+    "rate_gpu_request_cluster": ("gpu_allocated_compute", "gpu_total"),
+    "rate_gpu_memory_request_cluster": ("gpu_allocated_memory_bytes", "gpu_memory_total_bytes"),
+}
+_DENOMINATORS = ("gpu_total", "gpu_memory_total_bytes")
+_REBUILT: dict[str, str] = {"gpu_allocated_compute": "rate_gpu_request_cluster",
+                            "gpu_allocated_memory_bytes": "rate_gpu_memory_request_cluster"}  # fmt: skip
+
+
+def federated_levels(opts: RuleOptions) -> tuple[str, ...]:
+    """The selected levels that cross a federation tier, in bundle order."""
+    levels = tuple(lv for lv in FEDERATED_LEVELS if lv in opts.levels)
+    if not levels:
+        raise RuleOptionsError(f"--levels: federation carries only {', '.join(FEDERATED_LEVELS)}; none selected")
+    return levels
+
+
+@functools.lru_cache(maxsize=64)
+def tier_records(opts: RuleOptions, level: str) -> tuple[str, ...]:
+    """The public series the bundle records at ``level`` (helpers excluded), in bundle order."""
+    text = render_rules(dataclasses.replace(opts, levels=(level,)))
+    records = [r["record"] for g in yaml.safe_load(text)["groups"] for r in g["rules"]]
+    return tuple(r for r in records if ":" not in r and r.startswith(f"k8s_{level}_"))
+
+
+def federation_selectors(opts: RuleOptions) -> list[str]:
+    """One ``match[]`` selector per federated level, naming its records exactly.
+
+    With a cluster label the selectors also require it (``cluster!=""``), so a cluster server whose
+    rules were rendered without it contributes nothing rather than an unlabeled total. Without one,
+    the cluster servers must set it as ``external_labels``, which ``/federate`` adds to its output
+    (but which no matcher can see).
+    """
+    opts.validate()
+    extra = f',{opts.cluster_label}!=""' if opts.cluster_label else ""
+    return [f'{{__name__=~"{"|".join(tier_records(opts, lv))}"{extra}}}' for lv in federated_levels(opts)]
+
+
+def federation_job(opts: RuleOptions, targets: Sequence[str] = SAMPLE_TARGETS) -> dict[str, object]:
+    """A ``scrape_configs`` entry pulling :func:`federation_selectors` from the cluster servers ``targets``."""
+    return {
+        "job_name": JOB_NAME,
+        "honor_labels": True,  # keep the records' own labels (the cluster label above all)
+        "honor_timestamps": True,  # the cluster servers' evaluation times
+        "metrics_path": "/federate",
+        "params": {"match[]": federation_selectors(opts)},
+        "static_configs": [{"targets": list(targets)}],
+    }
+
+
+def render_federation_job(opts: RuleOptions) -> str:
+    """The scrape job of :func:`federation_job` as a YAML list, with a header naming its command."""
+    job = federation_job(opts)
+    source = (
+        f"# The cluster servers' rules carry `{opts.cluster_label}` (rendered with --cluster-label)."
+        if opts.cluster_label
+        else "# The cluster servers set the cluster label as external_labels (added by /federate)."
+    )
+    return (
+        f"# Generated by `{command_line('rules', ['--federation-selectors', *opts.to_args()])}`: "
+        "do not edit by hand.\n"
+        "# The scrape job of a global or regional Prometheus that federates the GPU records of\n"
+        "# per-cluster servers (docs/scaling.md): the workload-, namespace- and cluster-level\n"
+        "# records only, never the exporters' raw series. Put your cluster servers in targets.\n"
+        f"{source}\n" + dump_yaml([job])
+    )
+
+
+# ------------------------------------------------------------------ the global rule group
+
+
+def global_name(record: str, level: str) -> str:
+    """``k8s_cluster_gpu_used`` -> ``k8s_global_gpu_used``; ``k8s_namespace_rate_gpu_used_cluster`` ->
+    ``k8s_global_namespace_rate_gpu_used_global``."""
+    rest = record.removeprefix(f"k8s_{level}_")
+    if rest.startswith("rate_"):
+        rest = rest.removesuffix("_cluster") + "_global"
+    return "k8s_global_" + ("" if level == "cluster" else f"{level}_") + rest
+
+
+def _keys(opts: RuleOptions, level: str) -> list[str]:
+    return {"cluster": [], "namespace": [opts.namespace_label],
+            "workload": [opts.namespace_label, "workload_kind", "workload_name"]}[level]  # fmt: skip
+
+
+def _by(labels: Sequence[str]) -> str:
+    return f"by ({', '.join(labels)}) " if labels else ""
+
+
+def _across(series: str, cluster: str, keys: Sequence[str]) -> str:
+    """``series`` summed over clusters by ``keys``, each cluster counted once (``max`` drops duplicates)."""
+    inner = f"max by ({', '.join([cluster, *keys])}) ({series})"
+    one_line = f"sum {_by(keys)}({inner})"
+    return one_line if len(one_line) <= 100 else f"sum {_by(keys)}(\n  {inner}\n)"
+
+
+def _level_rules(opts: RuleOptions, level: str, records: Sequence[str], totals: Mapping[str, str]) -> list[dict]:
+    """The global rules of one level: sums, rebuilt numerators, then ratios over ``totals``."""
+    cl, keys = opts.cluster_label or "", _keys(opts, level)
+    prefix = f"k8s_{level}_"
+    sums = [r for r in records if not r.removeprefix(prefix).startswith("rate_")]
+    ratios = [r for r in records if r not in sums]
+    numerators = {r.removeprefix(prefix): _across(r, cl, keys) for r in sums}
+    out = [(global_name(r, level), numerators[r.removeprefix(prefix)]) for r in sums]
+    for record in ratios:
+        rest = record.removeprefix(prefix)
+        if rest not in _RATIOS:
+            raise RuleOptionsError(f"federation: no rule re-aggregates {record} across clusters")
+        num, den = _RATIOS[rest]
+        if num not in numerators and level == "cluster" and _REBUILT.get(num) == rest:
+            # the bundle records the ratio only: one cluster's numerator is ratio x total / 100
+            numerators[num] = _across(f"{record} * k8s_cluster_{den} / 100", cl, keys)
+            out.append((global_name(prefix + num, level), numerators[num]))
+        if num not in numerators:
+            raise RuleOptionsError(f"federation: {record} has no numerator series {prefix}{num}")
+    for record in ratios:
+        num, den = _RATIOS[record.removeprefix(prefix)]
+        if den in totals:  # the global totals (the cluster level is federated)
+            divide = "* 100 / on () group_left ()" if keys else "* 100 /"
+            out.append((global_name(record, level), f"{numerators[num]}\n{divide}\n({totals[den]} > 0)"))
+    k8s = opts.k8s_labels("namespace") if keys else ()
+    return [{"record": name, "expr": with_k8s_labels(expr, k8s)} for name, expr in out]
+
+
+def global_rules(opts: RuleOptions) -> list[dict[str, str]]:
+    """The rules of the global group for ``opts`` (whose cluster label the federated series carry)."""
+    opts.validate()
+    if not opts.cluster_label:
+        raise RuleOptionsError(
+            "--tier global needs --cluster-label: the label the federated series tell clusters apart by "
+            "(a target label or the cluster servers' external_labels)"
+        )
+    levels = federated_levels(opts)
+    totals: dict[str, str] = {}
+    rules: list[dict[str, str]] = []
+    if "cluster" in levels:
+        cluster = tier_records(opts, "cluster")
+        # the denominators: every cluster's total, each cluster once
+        totals = {den: f"sum (max by ({opts.cluster_label}) (k8s_cluster_{den}))" for den in _DENOMINATORS}
+        rules += _level_rules(opts, "cluster", cluster, totals)
+        clusters = f"count (max by ({opts.cluster_label}) (k8s_cluster_gpu_total))"
+        rules.append({"record": "k8s_global_clusters", "expr": clusters})
+    for level in ("namespace", "workload"):
+        if level in levels:
+            rules += _level_rules(opts, level, tier_records(opts, level), totals)
+    return rules
+
+
+def _global_group(opts: RuleOptions) -> dict[str, object]:
+    return {"name": f"{opts.group_name}-global", "interval": opts.interval, "rules": global_rules(opts)}
+
+
+def _header(args: Sequence[str]) -> str:
+    return (
+        f"# Generated by `{command_line('rules', args)}`: do not edit by hand.\n"
+        "# The global tier of the GPU recording rules: the clusters' federated records summed across\n"
+        "# clusters, ratios from the summed numerators and denominators (docs/scaling.md).\n"
+    )
+
+
+def render_global_rules(opts: RuleOptions) -> str:
+    """The plain rule file of the global group."""
+    group = _global_group(opts)
+    return _header(["--tier=global", *opts.to_args()]) + dump_yaml({"groups": [group]})
+
+
+def render_global_prometheusrule(
+    opts: RuleOptions,
+    name: str = "kube-gpu-exporter-global",
+    namespace: str | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> str:
+    """The global group in a ``monitoring.coreos.com/v1`` PrometheusRule."""
+    group = _global_group(opts)
+    meta = object_metadata(name, namespace, labels, RuleOptionsError)
+    args = ["--tier=global", "--format=prometheusrule", *opts.to_args(), f"--name={name}",
+            *metadata_args(namespace, labels)]  # fmt: skip
+    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
+           "spec": {"groups": [group]}}  # fmt: skip
+    return _header(args) + dump_yaml(doc)
