@@ -252,7 +252,8 @@ def test_epipe_is_survived_and_counted(stop_later: list) -> None:
                 stop_later=stop_later)
     assert w.stats().history_skipped == 1
     dev.push(xid_line(2, 2, xid=31), BrokenPipeError(), OSError(32, "Broken pipe"), xid_line(9, 9, xid=43))
-    poll_until(lambda: w.stats().records_read == 3)
+    # the record count moves before the Xid is counted: wait for both, not for one of them
+    poll_until(lambda: w.stats().records_read == 3 and len(w.stats().xid_counts) == 2)
     stats = w.stats()
     assert stats.epipe == 2
     assert sorted(k[2] for k in stats.xid_counts) == [31, 43]
