@@ -435,3 +435,18 @@ def test_a_restarted_kubelet_is_reached_on_the_next_call(sock_dir: Path) -> None
         assert list_pod_resources(path) == PODS
     finally:
         second.stop(None)
+
+
+def test_the_kept_connection_is_renewed_now_and_then(kubelet: Callable[[Handler], str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """h2 keeps a record per closed stream: a connection serves a bounded number of calls."""
+    from exporter.node import podresources
+
+    monkeypatch.setattr(podresources._Client, "CALLS_PER_CONNECTION", 2)
+    path = kubelet(lambda request, context: encode_list_response(PODS))
+    channels = []
+    for _ in range(5):
+        assert list_pod_resources(path) == PODS
+        channels.append(podresources._client.channels[path])
+    assert [c is channels[0] for c in channels] == [True, True, False, False, False]
+    assert channels[2] is channels[3] and channels[4] is not channels[2]

@@ -157,6 +157,8 @@ class DraWatcher:
                     self._response = None
                     resp.close()
             except Exception as e:  # keep the last answer: the API may be down, or serve no resource.k8s.io/v1
+                if self._stop.is_set():
+                    break  # stop() closed the watch under us
                 log.warning("cannot list/watch the ResourceSlices of %s: %s", self._node, e)
                 self._stop.wait(30.0)
 

@@ -263,9 +263,14 @@ class _Client:
     the loop runs only during a call, so nothing else happens on it. Closed at exit.
     """
 
+    # h2 remembers every closed stream of a connection (up to 65,536) and stream ids only grow: a
+    # connection is renewed after this many calls, which keeps it to a few kilobytes.
+    CALLS_PER_CONNECTION = 1000
+
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.channels: dict[str, Any] = {}
+        self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
         atexit.register(self.close)
 
@@ -276,6 +281,10 @@ class _Client:
             self.loop.close()
 
     def channel(self, socket_path: str) -> Any:
+        calls = self.calls[socket_path] = self.calls.get(socket_path, 0) + 1
+        if calls > self.CALLS_PER_CONNECTION:
+            self.drop(socket_path)
+            self.calls[socket_path] = 1
         channel = self.channels.get(socket_path)
         if channel is None:
             from grpclib.client import Channel
@@ -299,6 +308,7 @@ class _Client:
         return channel
 
     def drop(self, socket_path: str) -> None:
+        self.calls.pop(socket_path, None)
         channel = self.channels.pop(socket_path, None)
         if channel is not None:
             channel.close()
