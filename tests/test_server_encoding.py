@@ -115,6 +115,14 @@ def test_any_text_is_an_answer_never_an_error(field):
     assert all(0 <= q <= 1 for q in parse_accept_encoding(field).values())
 
 
+@given(st.data(), members)
+def test_a_long_field_decides_as_its_short_form(data, items):
+    """Short fields are remembered, long ones (over 256 characters) decided each time: the same answer."""
+    field = data.draw(rendered(items))
+    padded = field + "," * data.draw(st.integers(257, 600))  # empty list elements change nothing
+    assert wants_gzip(padded) is wants_gzip(field) is wants_gzip(field)
+
+
 def scrape(headers: list[tuple[str, str]]):
     body = b"# HELP x test\n# TYPE x gauge\nx 1\n"
     holder = SnapshotHolder(empty_snapshot(0.0))

@@ -106,11 +106,12 @@ def make_snapshot(families: Iterable[Metric], built_at: float, devices: tuple[De
                     pid_owners or EMPTY)
 
 
+_AGE_HEAD = f"# HELP {AGE_FAMILY} Age of the served snapshot at scrape time\n# TYPE {AGE_FAMILY} gauge\n{AGE_FAMILY} "
+
+
 def age_text(snapshot: Snapshot, now: float) -> bytes:
     """The one family computed at scrape time."""
-    age = max(0.0, now - snapshot.built_at)
-    return (f"# HELP {AGE_FAMILY} Age of the served snapshot at scrape time\n"
-            f"# TYPE {AGE_FAMILY} gauge\n{AGE_FAMILY} {go_float(age)}\n").encode()
+    return f"{_AGE_HEAD}{go_float(max(0.0, now - snapshot.built_at))}\n".encode()
 
 
 def scrape_parts(snapshot: Snapshot, now: float, gzipped: bool, extra: bytes = b"") -> tuple[bytes, bytes]:
@@ -136,6 +137,10 @@ _GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no flags,
 
 def stored_gzip(data: bytes) -> bytes:
     """One gzip member (RFC 1952) holding ``data`` in deflate stored blocks (RFC 1951, 3.2.4)."""
+    n = len(data)
+    if n <= 0xFFFF:  # one block: what every scrape's tail is (a few hundred bytes), without the loop
+        return b"".join((_GZIP_HEADER, struct.pack("<BHH", 1, n, n ^ 0xFFFF), data,
+                         struct.pack("<II", zlib.crc32(data), n)))
     out = [_GZIP_HEADER]
     for start in range(0, max(len(data), 1), 0xFFFF):
         block = data[start:start + 0xFFFF]

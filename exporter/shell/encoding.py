@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 # token = 1*tchar (RFC 9110, 5.6.2)
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -62,6 +63,11 @@ def wants_gzip(fields: Iterable[str] | str | None) -> bool:
     if fields is None:
         return False
     text = fields if isinstance(fields, str) else ",".join(fields)
+    # A scraper sends the same short field every time: remembered, within a bounded size whatever clients send.
+    return _wants_gzip_cached(text) if len(text) <= 256 else _wants_gzip(text)
+
+
+def _wants_gzip(text: str) -> bool:
     weights = parse_accept_encoding(text)
     gz = _weight(weights, "gzip")
     if not gz:
@@ -69,3 +75,6 @@ def wants_gzip(fields: Iterable[str] | str | None) -> bool:
     identity = _weight(weights, "identity")
     # identity left unnamed is acceptable with no stated preference: the smaller body wins then
     return identity is None or gz >= identity
+
+
+_wants_gzip_cached = lru_cache(maxsize=128)(_wants_gzip)

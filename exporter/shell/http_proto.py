@@ -162,16 +162,28 @@ _PHRASES = {s.value: s.phrase for s in HTTPStatus}
 
 
 def response_head(resp: Response, close: bool, keep_alive_10: bool = False) -> bytes:
-    lines = [f"HTTP/1.1 {resp.status} {_PHRASES.get(resp.status, 'Unknown')}"]
-    if resp.content_type:
-        lines.append(f"Content-Type: {resp.content_type}")
-    lines += [f"{k}: {v}" for k, v in resp.headers]
-    lines.append(f"Content-Length: {resp.length}")
-    if close:
-        lines.append("Connection: close")
-    elif keep_alive_10:
-        lines.append("Connection: keep-alive")  # an HTTP/1.0 client that asked for it
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    key = (resp.status, resp.content_type, tuple(resp.headers), close, keep_alive_10)
+    parts = _HEADS.get(key)
+    if parts is None:
+        parts = _head_parts(*key)
+        if len(_HEADS) >= 64:  # the app's answers are a handful of shapes; never grow without bound
+            _HEADS.clear()
+        _HEADS[key] = parts
+    return b"%sContent-Length: %d\r\n%s" % (parts[0], resp.length, parts[1])
+
+
+def _head_parts(status: int, content_type: str | None, headers: tuple[tuple[str, str], ...], close: bool,
+                keep_alive_10: bool) -> tuple[bytes, bytes]:
+    """The response head without its Content-Length: the lines before it, and those after."""
+    lines = [f"HTTP/1.1 {status} {_PHRASES.get(status, 'Unknown')}"]
+    if content_type:
+        lines.append(f"Content-Type: {content_type}")
+    lines += [f"{k}: {v}" for k, v in headers]
+    after = "Connection: close\r\n" if close else "Connection: keep-alive\r\n" if keep_alive_10 else ""
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1"), (after + "\r\n").encode("latin-1")
+
+
+_HEADS: dict[tuple[Any, ...], tuple[bytes, bytes]] = {}
 
 
 JOIN_BELOW = 64 * 1024  # a smaller answer goes out in one write; a larger one part by part, uncopied
@@ -193,6 +205,9 @@ class HttpConnection(asyncio.Protocol):
         self._timer_kind = ""
         self._task: asyncio.Task | None = None
         self._closing = False
+        self._unsent = False  # part of the answer waits in the transport's buffer
+        self._deadline = 0.0  # of the timer's current kind (see _arm)
+        self._last: tuple[bytes, Request] | None = None  # the last head and what it parsed to
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -235,8 +250,6 @@ class HttpConnection(asyncio.Protocol):
         if self.busy and self._task is None:
             self._done()
 
-    _unsent = False
-
     # ------------------------------------------------------------------ requests
 
     def _next_request(self) -> None:
@@ -250,7 +263,11 @@ class HttpConnection(asyncio.Protocol):
             return
         head, self._buf = self._buf[:end], self._buf[end + 4:]
         try:
-            request = parse_head(head, self._limits, self.remote)
+            if self._last is not None and self._last[0] == head:
+                request = self._last[1]  # a scraper sends the same head every time: parsed once per connection
+            else:
+                request = parse_head(head, self._limits, self.remote)
+                self._last = (head, request)
             self._body(request)
         except BadRequest as e:
             self._refuse(e)
@@ -326,7 +343,11 @@ class HttpConnection(asyncio.Protocol):
         self._arm("idle", self._limits.idle_timeout)
         if self.transport is not None:
             self.transport.resume_reading()
-        if self._buf:
+        if self._buf:  # pipelined: the next one on the next turn of the loop (no recursion, others get theirs)
+            self._loop.call_soon(self._pipelined)
+
+    def _pipelined(self) -> None:
+        if not self._closing and not self.busy and self._buf:
             self._next_request()
 
     def _refuse(self, error: BadRequest) -> None:
@@ -361,8 +382,6 @@ class HttpConnection(asyncio.Protocol):
             self._timer = self._loop.call_at(self._deadline, self._fire)
             return
         self._expired(self._timer_kind)
-
-    _deadline = 0.0
 
     def _expired(self, kind: str) -> None:
         self._timer, self._timer_kind = None, ""
