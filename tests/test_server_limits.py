@@ -24,8 +24,8 @@ import pytest
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.sampler import SnapshotHolder
 from exporter.shell.http_limits import ServerLimits, loop_exception_handler, raise_nofile_limit
-from exporter.shell.http_proto import Request, Response
 from exporter.shell.http_stats import HttpStats, RateLimitedLog, one_line
+from exporter.shell.http_wire import Request, Response
 from exporter.shell.server import HttpServer, make_app
 from tests.integration_support import parse_exposition, value
 

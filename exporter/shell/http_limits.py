@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from exporter.shell.http_proto import BadRequest, HttpConnection, Request
+from exporter.shell.http_proto import HttpConnection
 from exporter.shell.http_stats import HttpStats, RateLimitedLog
+from exporter.shell.http_wire import BadRequest, Request
 
 log = logging.getLogger("kube_gpu_exporter.http")
 

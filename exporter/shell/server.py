@@ -20,8 +20,9 @@ from exporter.exposition.snapshot import CONTENT_TYPE, scrape_parts
 from exporter.node.sampler import SnapshotHolder
 from exporter.shell.encoding import wants_gzip
 from exporter.shell.http_limits import ConnectionLimiter, ServerHooks, ServerLimits, log, loop_exception_handler
-from exporter.shell.http_proto import Handler, HttpConnection, Request, Response
+from exporter.shell.http_proto import HttpConnection
 from exporter.shell.http_stats import HttpStats, RateLimitedLog
+from exporter.shell.http_wire import Handler, Request, Response
 from exporter.shell.web_config import BasicAuth, TlsReloader, WebConfig
 
 NO_STORE = [("Cache-Control", "no-store")]

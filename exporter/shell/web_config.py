@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.shell.config import ConfigError
-from exporter.shell.http_proto import Request, Response
+from exporter.shell.http_wire import Request, Response
 
 log = logging.getLogger("kube_gpu_exporter.http")
 
