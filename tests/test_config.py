@@ -86,3 +86,38 @@ def test_ipv6_listen():
 
 def test_configuration_doc_lists_every_option():
     assert options_markdown() in DOC.read_text(), "regenerate docs/configuration.md (see its header)"
+
+
+HEALTH_NODE = Path(__file__).resolve().parent / "scenarios" / "health_node.yaml"
+
+
+@pytest.mark.parametrize("argv,env,want", [
+    ([], {}, True),
+    (["--no-nvlink-metrics"], {}, False),
+    ([], {"KUBE_GPU_EXPORTER_NVLINK_METRICS": "false"}, False),
+    ([], {"KUBE_GPU_EXPORTER_NVLINK_METRICS": "0"}, False),
+    (["--nvlink-metrics"], {"KUBE_GPU_EXPORTER_NVLINK_METRICS": "off"}, True),  # the flag wins
+])
+def test_nvlink_metrics_reach_the_daemon_from_flag_or_environment(argv, env, want):
+    from exporter.shell.cli import build_daemon
+
+    cfg = load_config(["--simulate", str(HEALTH_NODE), "--no-xid", "--dcgm-compat", *argv], environ=env)
+    assert cfg.nvlink_metrics is want
+    daemon = build_daemon(cfg)
+    try:
+        snapshot = daemon.pipeline.step()[0]
+    finally:
+        daemon.close()
+    assert daemon.pipeline.nvlink is want
+    body = snapshot.body.decode()
+    for family in ("nvidia_gpu_nvlink_up", "nvidia_gpu_nvlink_transmit_bytes_total",
+                   "nvidia_gpu_nvlink_receive_bytes_total", "nvidia_gpu_nvlink_errors_total",
+                   "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"):
+        assert (f"# TYPE {family} " in body) is want, family
+    # the rest of the health stays, and so does the status page
+    assert "nvidia_gpu_power_limit_watts{" in body and snapshot.status["gpus"]
+
+
+def test_nvlink_metrics_refuses_a_non_boolean():
+    with pytest.raises(ConfigError, match="KUBE_GPU_EXPORTER_NVLINK_METRICS must be true or false"):
+        load_config([], environ={"KUBE_GPU_EXPORTER_NVLINK_METRICS": "sometimes"})

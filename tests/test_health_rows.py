@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.attribution.attribute import NONE, DeviceAttribution, NodeAttribution
-from exporter.exposition.health_rows import CLOCKS_EVENT_REASONS, decode_clocks_event_reasons
+from exporter.exposition.health_rows import (
+    CLOCKS_EVENT_REASONS,
+    card_name,
+    decode_clocks_event_reasons,
+    health_families,
+)
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.exposition.snapshot import render
 from exporter.exposition.status import build_status
@@ -177,6 +182,9 @@ def test_mig_devices_repeat_the_cards_values_under_their_own_uuid() -> None:
     fams = parsed(*migs)
     for name in ALL_FAMILIES:
         uuids = sorted({dict(k)["uuid"] for k in fams[name][1]})
+        if name.startswith("nvidia_gpu_nvlink_"):  # the card's links: once, on the card
+            assert uuids == [CARD] and {dict(k)["name"] for k in fams[name][1]} == {DEVICE.name}, name
+            continue
         assert uuids == ["MIG-0", "MIG-1"], name
         if name == "nvidia_gpu_memory_reserved_bytes":
             continue  # per MIG device, its own
@@ -204,6 +212,115 @@ def test_status_page_carries_limit_energy_reasons_and_row_remap() -> None:
     gpu = build_status(attr, NodeSample(1.0, (bare,)), ExporterStats(), [], NODE, 1.0)["gpus"][0]
     assert (gpu["power_limit_watts"], gpu["energy_joules"], gpu["clocks_event_reasons"], gpu["remapped_rows"]) == (
         None, None, None, None)
+
+
+# ------------------------------------------------------------------ NVLink on MIG cards: the card's, once
+
+NVLINK_FAMILIES = ("nvidia_gpu_nvlink_up", "nvidia_gpu_nvlink_transmit_bytes", "nvidia_gpu_nvlink_receive_bytes",
+                   "nvidia_gpu_nvlink_errors")
+H100_LINKS = tuple(NvLinkSample(n, True, 1024 * n, 2048 * n, 0, n % 2, 0) for n in range(18))
+
+
+def mig_devices(card: DeviceSample, n: int, profile: str = "1g.10gb") -> tuple[DeviceSample, ...]:
+    """``card`` in MIG mode: ``n`` MIG devices repeating its health, as both backends give them."""
+    return tuple(replace(card, uuid=f"MIG-{card.minor_number}{j:07d}-0000-5000-8000-000000000000",
+                         name=f"{card.name} MIG {profile}", parent_uuid=card.uuid, gpu_instance_id=7 + j,
+                         compute_instance_id=0, mig_profile=profile, memory_total_bytes=10 << 30)
+                 for j in range(n))
+
+
+def nvlink_series(*devices: DeviceSample, nvlink: bool = True) -> dict[tuple[str, frozenset], float]:
+    """(family, labels) -> value of the NVLink series the exporter renders for ``devices``."""
+    families = build_families(EMPTY_ATTR, NodeSample(1.0, tuple(devices)), NODE, LabelNames(), ExporterStats(),
+                              nvlink=nvlink)
+    return {(smp.name, frozenset(smp.labels.items())): smp.value
+            for fam in text_string_to_metric_families(render(families).decode()) for smp in fam.samples
+            if fam.name in NVLINK_FAMILIES}
+
+
+def test_a_mig_card_has_its_nvlink_rows_once_on_the_card() -> None:
+    card = replace(DEVICE, health=replace(HEALTH, nvlinks=H100_LINKS))
+    migs = mig_devices(card, 7)
+    got = nvlink_series(*migs)
+    assert len(got) == 18 * 6  # not 7 x 18 x 6 = 756
+    for _, lbl in got:  # the card's labels: its GPU uuid, minor number and name (no " MIG 1g.10gb")
+        assert {k: v for k, v in lbl if k not in ("link", "type")} == BASE
+    assert got[("nvidia_gpu_nvlink_transmit_bytes_total", frozenset({**BASE, "link": "5"}.items()))] == 5 * 1024
+    assert got[("nvidia_gpu_nvlink_errors_total", frozenset({**BASE, "link": "3", "type": "replay"}.items()))] == 1
+    # the whole card, not in MIG mode, renders the very same series
+    assert nvlink_series(card) == got
+    # the other health families stay per MIG device
+    fams = build_families(EMPTY_ATTR, NodeSample(1.0, migs), NODE, LabelNames(), ExporterStats())
+    limits = next(f for f in fams if f.name == "nvidia_gpu_power_limit_watts")
+    assert sorted(s.labels["uuid"] for s in limits.samples) == sorted(m.uuid for m in migs)
+
+
+def test_a_mig_device_without_values_leaves_the_links_to_its_card_mates() -> None:
+    card = replace(DEVICE, health=replace(HEALTH, nvlinks=H100_LINKS))
+    first, *rest = mig_devices(card, 3)
+    blank = first.without_values(lost=False)  # a slot whose handle could not be had this cycle
+    got = nvlink_series(blank, *rest)
+    assert len(got) == 18 * 6 and {dict(lbl)["uuid"] for _, lbl in got} == {CARD}
+    lost = [m.without_values(lost=True) for m in (first, *rest)]
+    assert nvlink_series(*lost) == {}  # a lost card: nothing read, no links
+
+
+def test_two_mig_cards_and_a_whole_gpu() -> None:
+    a = replace(DEVICE, health=replace(HEALTH, nvlinks=H100_LINKS))
+    b = replace(a, index=1, uuid="GPU-b0000000-0000-4000-8000-000000000001", minor_number=1,
+                health=replace(HEALTH, nvlinks=H100_LINKS[:4]))
+    c = replace(a, index=2, uuid="GPU-c0000000-0000-4000-8000-000000000002", minor_number=2, name="NVIDIA A30",
+                health=replace(HEALTH, nvlinks=()))
+    got = nvlink_series(*mig_devices(a, 2, "3g.40gb"), *mig_devices(b, 4, "1g.10gb+me"), c)
+    per_card = {}
+    for _, lbl in got:
+        per_card[dict(lbl)["uuid"]] = per_card.get(dict(lbl)["uuid"], 0) + 1
+    assert per_card == {a.uuid: 108, b.uuid: 24}  # the card without NVLink has none
+
+
+def test_no_nvlink_family_without_nvlink_metrics() -> None:
+    card = replace(DEVICE, health=replace(HEALTH, nvlinks=H100_LINKS))
+    devices = (*mig_devices(card, 7), replace(card, index=1, uuid="GPU-1", minor_number=1))
+    assert nvlink_series(*devices, nvlink=False) == {}
+    fams = {f.name for f in health_families(devices, NODE, nvlink=False)}
+    assert not {f for f in fams if "nvlink" in f}
+    assert fams == {f.name for f in health_families(devices, NODE)} - set(NVLINK_FAMILIES)
+
+
+# any card name, " MIG " inside it included (the profile never holds one)
+CARD_NAMES = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=40) | st.sampled_from(
+    ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "a MIG b", "x MIG", "MIG "])
+PROFILES = st.from_regex(r"[1-7]g\.[0-9]{1,3}gb(\+me|\+gfx)?", fullmatch=True)
+
+
+@given(name=CARD_NAMES, profile=PROFILES)
+def test_the_card_name_is_the_mig_device_name_without_its_profile(name: str, profile: str) -> None:
+    card = replace(DEVICE, name=name)
+    (mig,) = mig_devices(card, 1, profile)
+    assert card_name(mig) == name and card_name(card) == name
+    # a MIG name without the " MIG " NVML puts in it: the name as it is, rather than a guess
+    assert card_name(replace(mig, name=profile)) == profile
+
+
+@settings(max_examples=60, deadline=None)
+@given(cards=st.lists(st.tuples(st.lists(st.integers(0, 17), unique=True, max_size=18), st.integers(0, 7)),
+                      min_size=1, max_size=4))
+def test_nvlink_rows_are_each_cards_links_once(cards: list[tuple[list[int], int]]) -> None:
+    """Any mix of whole GPUs (0 MIG devices) and MIG cards: one set of links per card, on the card."""
+    devices: list[DeviceSample] = []
+    want: dict[str, set[str]] = {}
+    for i, (links, n_migs) in enumerate(cards):
+        card = replace(DEVICE, index=i, uuid=f"GPU-{i:08d}-0000-4000-8000-000000000000", minor_number=i,
+                       health=replace(HEALTH, nvlinks=tuple(NvLinkSample(n, True, 1, 2, 3, 4, 5) for n in links)))
+        devices.extend(mig_devices(card, n_migs) if n_migs else (card,))
+        if links:
+            want[card.uuid] = {str(n) for n in links}
+    got = nvlink_series(*devices)
+    assert len(got) == 6 * sum(len(v) for v in want.values())
+    for family in ("nvidia_gpu_nvlink_up", "nvidia_gpu_nvlink_transmit_bytes_total"):
+        rows = [dict(lbl) for n, lbl in got if n == family]
+        assert {(r["uuid"], r["link"]) for r in rows} == {(u, link) for u, ls in want.items() for link in ls}
+        assert all(r["name"] == DEVICE.name and r["minor_number"] == str(int(r["uuid"][4:12])) for r in rows)
 
 
 U64 = st.none() | st.integers(0, 2**64 - 1)
@@ -305,8 +422,8 @@ def test_health_node_end_to_end() -> None:
     assert len(types) == len(set(types)), "a family is rendered twice"
     got, before = _series(second.body), _series(first.body)
 
-    def at(name: str, uuid: str, **extra: str) -> float | None:
-        return next((v for (n, lbl), v in got.items() if n == name and dict(lbl).get("uuid") == uuid
+    def at(family: str, uuid: str, **extra: str) -> float | None:
+        return next((v for (n, lbl), v in got.items() if n == family and dict(lbl).get("uuid") == uuid
                      and all(dict(lbl).get(k) == e for k, e in extra.items())), None)
 
     for card, dev, uuid in _rows(scenario):
@@ -328,16 +445,24 @@ def test_health_node_end_to_end() -> None:
         gpm = None if "gpm" in blank else card.get("gpm")
         for key, family in GPM_FAMILIES.items():
             assert at(family, uuid) == (None if gpm is None else gpm.get(key)), (uuid, family)
+    # NVLink is the card's: once per physical card, on the card's labels, none under a MIG uuid
+    for card in scenario["devices"]:
+        blank = set(card.get("not_supported") or ())
         links = [] if "nvlinks" in blank else card.get("nvlinks") or []
+        uuid, labels = card["uuid"], {"minor_number": str(card["minor_number"]), "name": card["name"]}
         assert {dict(lbl)["link"] for (n, lbl), v in got.items()
                 if n == "nvidia_gpu_nvlink_up" and dict(lbl)["uuid"] == uuid} == {str(x["link"]) for x in links}
         for x in links:
             link = str(x["link"])
-            assert at("nvidia_gpu_nvlink_up", uuid, link=link) == x["active"]
-            assert at("nvidia_gpu_nvlink_transmit_bytes_total", uuid, link=link) == x["tx_kibibytes"] * 1024
-            assert at("nvidia_gpu_nvlink_receive_bytes_total", uuid, link=link) == x["rx_kibibytes"] * 1024
+            assert at("nvidia_gpu_nvlink_up", uuid, link=link, **labels) == x["active"]
+            assert at("nvidia_gpu_nvlink_transmit_bytes_total", uuid, link=link, **labels) == x["tx_kibibytes"] * 1024
+            assert at("nvidia_gpu_nvlink_receive_bytes_total", uuid, link=link, **labels) == x["rx_kibibytes"] * 1024
             for kind in ("crc", "replay", "recovery"):
-                assert at("nvidia_gpu_nvlink_errors_total", uuid, link=link, type=kind) == x[f"{kind}_errors"]
+                assert at("nvidia_gpu_nvlink_errors_total", uuid, link=link, type=kind, **labels) == x[f"{kind}_errors"]
+    nvlink_uuids = {dict(lbl)["uuid"] for n, lbl in got if n.startswith("nvidia_gpu_nvlink_")}
+    assert not {u for u in nvlink_uuids if u.startswith("MIG-")}
+    mig_card = next(d for d in scenario["devices"] if d.get("mig_devices"))
+    assert mig_card.get("nvlinks") and mig_card["uuid"] in nvlink_uuids  # the MIG card's links, on the card
 
 
 def test_health_node_signals_an_operator_acts_on() -> None:
@@ -359,6 +484,8 @@ def test_health_node_signals_an_operator_acts_on() -> None:
     assert at("nvidia_gpu_fan_speed_ratio", "8") == [] and at("nvidia_gpu_sm_active_ratio", "8") == []
     assert at("nvidia_gpu_nvlink_up", "8") == [] and at("nvidia_gpu_retired_pages", "8") == []
     assert sorted(at("nvidia_gpu_power_limit_watts", "9")) == [165.0, 165.0]  # two MIG devices repeat the card
+    assert len(at("nvidia_gpu_nvlink_up", "9")) == 4  # its four links once, on the card, not per MIG device
+    assert at("nvidia_gpu_nvlink_errors_total", "9", link="3", type="crc") == [1.0]
     assert at("nvidia_gpu_retired_pages_pending", "10") == [1.0]
     gpus = {g["minor"]: g for g in snap.status["gpus"]}
     assert gpus[2]["power_limit_watts"] == 700.0

@@ -317,7 +317,7 @@ def test_removed_xid_values_are_refused_with_their_replacement(key):
 
 
 def test_env_and_args_are_accepted_by_the_exporter_as_the_chart_means_them():
-    values = {"config": {"interval": 2.5, "podWatch": True, "perProcessMetrics": True,
+    values = {"config": {"interval": 2.5, "podWatch": True, "perProcessMetrics": True, "nvlinkMetrics": False,
                          "kmsgReplay": False, "xidLookback": 30, "logLevel": "debug"},
               "port": 9500, **OPT_INS}
     objs = render(values)
@@ -335,6 +335,7 @@ def test_env_and_args_are_accepted_by_the_exporter_as_the_chart_means_them():
     assert cfg.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert (cfg.xid, cfg.events, cfg.kmsg_path) == (True, True, "/dev/kmsg")
     assert (cfg.interval, cfg.pod_watch, cfg.per_process_metrics) == (2.5, True, True)
+    assert env["KUBE_GPU_EXPORTER_NVLINK_METRICS"] == "false" and cfg.nvlink_metrics is False
     assert (cfg.kmsg_replay, cfg.xid_lookback, cfg.log_level) == (False, 30.0, "debug")
     ports = c["ports"]
     assert ports == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]

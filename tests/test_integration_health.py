@@ -48,6 +48,13 @@ def test_health_series_from_the_fake_nvml_equal_the_simulated_node_and_reach_pro
         got = node.exporter.wait_for(
             lambda s: _health(s, STATIC) == want and _health(s, GPM).keys() == _health(oracle, GPM).keys(),
             SETTLE_S, "health series equal to the simulated node's")
+        # NVLink is the card's on both paths: a MIG card's links once, on its GPU uuid, minor and name
+        mig_card = next(d for d in scenario["devices"] if d.get("mig_devices") and d.get("nvlinks"))
+        card_labels = {"uuid": mig_card["uuid"], "minor_number": str(mig_card["minor_number"]),
+                       "name": mig_card["name"]}
+        assert len(select(got, "nvidia_gpu_nvlink_up", **card_labels)) == len(mig_card["nvlinks"])
+        assert not [k for k in _health(got, STATIC) if k[0].startswith("nvidia_gpu_nvlink_")
+                    and dict(k[1])["uuid"].startswith("MIG-")]
         # it really was the NVML path, with no call failing
         assert sum(select(got, "kube_gpu_exporter_nvml_errors_total").values()) == 0
         assert select(got, "nvidia_gpu_info") and all(

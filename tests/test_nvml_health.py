@@ -17,6 +17,7 @@ import pynvml
 import pytest
 import yaml
 
+from exporter.exposition.health_rows import health_families
 from exporter.model import DeviceHealth, DeviceSample, GpmSample, NvLinkSample
 from exporter.node.scenario_health import HEALTH_KEYS
 from exporter.node.simulate import SimulatedBackend, parse_scenario
@@ -307,6 +308,53 @@ def test_mig_devices_repeat_their_cards_health_read_once_per_cycle(nvml: Harness
         assert fake.calls("nvmlDeviceGetFieldValues") == 2 * cycle
     assert [d.memory_reserved_bytes for d in s.devices] == [64 << 20, 32 << 20, 0, 600 << 20]  # per handle
     assert dict(s.errors) == {}
+
+
+def test_a_mig_cards_links_are_read_once_per_cycle_and_rendered_once_on_the_card(nvml: Harness) -> None:
+    doc = mig_scenario()
+    card = doc["devices"][0]
+    card["nvlinks"] = HEALTH["nvlinks"]  # links 0, 5 and 17
+    backend, fake = nvml.start(doc)
+    simulated = oracle(doc)
+    searched = 2 * pynvml.NVML_NVLINK_MAX_LINKS  # both cards once, the MIG handles never
+    for cycle in range(1, 3):
+        s = backend.sample()
+        want = simulated.sample()
+        assert s.devices == want.devices
+        assert fake.calls("nvmlDeviceGetNvLinkState") == searched + 3 * (cycle - 1)
+        assert fake.calls("nvmlDeviceGetNvLinkErrorCounter") == 3 * 3 * cycle  # 3 links x 3 counters, not x 3 MIG
+    migs = [d for d in s.devices if d.parent_uuid == card["uuid"]]
+    assert len(migs) == 3 and all(len(d.health.nvlinks) == 3 for d in migs)
+    # both paths render the card's links once, on the card, with the same values
+    rows = nvlink_rows(s.devices)
+    assert rows == nvlink_rows(want.devices)
+    assert len(rows) == 6 + 6 + 2 and {lbl["uuid"] for lbl, _ in rows} == {card["uuid"]}  # link 5: state, CRC
+    assert {(lbl["minor_number"], lbl["name"]) for lbl, _ in rows} == {("0", card["name"])}
+    assert dict(s.errors) == {}
+
+
+def test_no_nvlink_call_without_nvlink_metrics(nvml: Harness) -> None:
+    doc = mig_scenario()
+    doc["devices"][0]["nvlinks"] = HEALTH["nvlinks"]
+    doc["devices"][1].update(HEALTH)
+    backend, fake = nvml.start(doc, nvlink=False)
+    simulated = SimulatedBackend(parse_scenario(doc), nvlink=False)
+    assert backend.sample().devices == without_gpm(simulated.sample().devices)
+    s = backend.sample()
+    assert s.devices == simulated.sample().devices
+    assert all(d.health.nvlinks == () for d in s.devices)
+    assert s.devices[-1].health.remapped_rows_pending == 1 and s.devices[-1].health.gpm == RATIOS  # the rest is read
+    for call in ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"):
+        assert fake.calls(call) == 0, call
+    assert nvlink_rows(s.devices) == []
+    assert dict(s.errors) == {}
+
+
+def nvlink_rows(devices: tuple[DeviceSample, ...]) -> list[tuple[dict[str, str], float]]:
+    """The NVLink series the rows make of ``devices``, sorted."""
+    out = [(dict(smp.labels), smp.value) for fam in health_families(devices, "n1")
+           if fam.name.startswith("nvidia_gpu_nvlink_") for smp in fam.samples]
+    return sorted(out, key=lambda r: sorted(r[0].items()))
 
 
 # ---- GPM ----------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,26 @@ def test_mig_devices_repeat_the_card_health_and_keep_their_own_reserved_memory()
     assert [d.health for d in first.devices] == [EXPECTED, EXPECTED]
     assert [d.memory_reserved_bytes for d in first.devices] == [1 << 20, 0]  # own, or 0 without the key
     assert [d.health.energy_millijoules for d in second.devices] == [HEALTH["energy_millijoules"] + 250_000] * 2
+
+
+@pytest.mark.parametrize("key", sorted(HEALTH_KEYS))
+def test_a_mig_device_cannot_carry_health_of_its_own(key: str) -> None:
+    """Health (NVLink among it) is the card's: on a MIG device it is refused, so a card's MIG devices
+    cannot disagree about its links and the rows can take them from any of them."""
+    mig = {"uuid": "MIG-a", "profile": "3g.40gb", key: HEALTH[key]}
+    with pytest.raises(ScenarioError, match=re.escape(f"devices[0].mig_devices[0]: unknown key(s) {key};")) as e:
+        parse_scenario(doc_with(**HEALTH, mig_devices=[mig]))
+    assert "\n" not in str(e.value)
+
+
+def test_without_nvlink_the_simulated_node_reports_no_links() -> None:
+    migs = [{"uuid": "MIG-a", "profile": "3g.40gb"}, {"uuid": "MIG-b", "profile": "3g.40gb"}]
+    for doc in (doc_with(**HEALTH), doc_with(**HEALTH, mig_devices=migs)):
+        on, off = SimulatedBackend(parse_scenario(doc)), SimulatedBackend(parse_scenario(doc), nvlink=False)
+        for _ in range(2):
+            want, got = on.sample().devices, off.sample().devices
+            assert all(d.health.nvlinks == EXPECTED.nvlinks for d in want)
+            assert [replace(d.health, nvlinks=()) for d in want] == [d.health for d in got]
 
 
 def test_a_lost_device_reports_no_health() -> None:

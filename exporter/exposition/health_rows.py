@@ -5,7 +5,10 @@ decoded clocks event reasons, NVLink and GPM, read from NVML without DCGM (docs/
 Pure: device samples in, ``prometheus_client`` families out, in base units. A field that is
 ``None`` (NotSupported, not read, lost GPU) has no row, never a 0; GPM families exist only where
 the device has GPM. A MIG device has rows under its own uuid carrying its card's values, as the
-backend repeats them on every MIG device.
+backend repeats them on every MIG device, except NVLink: the links belong to the physical card, so
+a MIG card's NVLink rows appear once, labelled as the card (its GPU uuid, minor number and name),
+taken from the first of its MIG devices that carries links (both backends give all of them the
+card's one reading).
 """
 
 from __future__ import annotations
@@ -112,14 +115,34 @@ def _put(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value:
         fam.add_metric(labels, value / per_unit)  # 1 / 1024 is exact: KB/s * 1024 stays whole
 
 
-def health_families(devices: Iterable[DeviceSample], node: str) -> list[Metric]:
-    """The health families of every device (MIG devices under their own uuid), in a stable order."""
+def card_name(d: DeviceSample) -> str:
+    """The physical card's name: a MIG device's name is ``<card name> MIG <profile>`` (NVML's naming)."""
+    if d.parent_uuid is None:
+        return d.name
+    head, sep, _ = d.name.rpartition(" MIG ")
+    return head if sep and head else d.name
+
+
+def health_families(devices: Iterable[DeviceSample], node: str, *, nvlink: bool = True) -> list[Metric]:
+    """The health families of every device (MIG devices under their own uuid), in a stable order.
+
+    NVLink rows are the physical card's: once per MIG card, under the card's uuid; none at all
+    without ``nvlink`` (``--no-nvlink-metrics``).
+    """
     b = _Builder()
+    linked: set[str] = set()  # MIG cards whose NVLink rows are out
     for d in devices:
-        lbl = [node, d.uuid, "" if d.minor_number is None else str(d.minor_number), d.name]
+        minor = "" if d.minor_number is None else str(d.minor_number)
+        lbl = [node, d.uuid, minor, d.name]
         _scalars(b, d, lbl)
         _reasons(b, d.clocks_event_reasons, lbl)
-        _nvlinks(b, d.health, lbl)
+        if nvlink:
+            if d.parent_uuid is None:
+                _nvlinks(b, d.health, lbl)
+            elif d.parent_uuid not in linked:
+                _nvlinks(b, d.health, [node, d.parent_uuid, minor, card_name(d)])
+                if d.health.nvlinks:  # a MIG device read without values leaves the links to the next
+                    linked.add(d.parent_uuid)
         _gpm(b, d.health, lbl)
     return b.result()
 

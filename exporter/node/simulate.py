@@ -345,10 +345,12 @@ def load_scenario(path: str | Path) -> Scenario:
 class SimulatedBackend:
     """Stands in for :class:`exporter.node.nvml.backend.NvmlBackend`: one NodeSample per call."""
 
-    def __init__(self, scenario: Scenario, clock=time.time) -> None:
+    def __init__(self, scenario: Scenario, clock=time.time, *, nvlink: bool = True) -> None:
+        """``nvlink``: report the scenario's NVLinks (off: none, as NvmlBackend then reads none)."""
         self._scenario = scenario
         self._clock = clock
         self._tick = 0
+        self._nvlink = nvlink
 
     def sample(self) -> NodeSample:
         self._tick += 1
@@ -360,6 +362,8 @@ class SimulatedBackend:
             # Cycle 1 reads the configured energy, as from the fake NVML, where every call before
             # the utilization probe of cycle k sees tick k - 1.
             health = energy_at(sd.sample.health, sd.sample.power_usage_milliwatts, self._tick - 1)
+            if not self._nvlink and health.nvlinks:
+                health = replace(health, nvlinks=())
             if "process_utilization" in sd.not_supported:
                 devices.append(replace(sd.sample, health=health, util_samples_ok=False))
                 continue

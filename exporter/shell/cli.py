@@ -89,7 +89,7 @@ def build_daemon(cfg: Config) -> Daemon:
 
         scenario = load_scenario(cfg.simulate)
         node = cfg.node_name or scenario.node or os.uname().nodename
-        backend = SimulatedBackend(scenario)
+        backend = SimulatedBackend(scenario, nvlink=cfg.nvlink_metrics)
         proc = ScenarioProc(scenario)
         pods = _static_pods(scenario.pods)
         labels, capacity = dict(scenario.node_labels), dict(scenario.node_capacity)
@@ -113,7 +113,7 @@ def build_daemon(cfg: Config) -> Daemon:
         from exporter.node.procfs import ProcReader
 
         node = cfg.node_name or os.environ.get("NODE_NAME") or os.uname().nodename
-        backend = NvmlBackend()
+        backend = NvmlBackend(nvlink=cfg.nvlink_metrics)
         closers.append(backend.close)
         proc = ProcReader(Path(cfg.host_proc))
         pods, node_object, api_client = _cluster_sources(cfg, node, closers)
@@ -132,7 +132,8 @@ def build_daemon(cfg: Config) -> Daemon:
                         cfg.per_process_metrics, node_capacity=node_capacity,
                         pod_labels=parse_allowlist(cfg.pod_labels_allowlist),  # validated by load_config
                         resource_slices=dra.resource_slices, resource_claims=dra.resource_claims,
-                        pod_claims=dra.pod_claims, dcgm_compat=cfg.dcgm_compat, last_xid=xid_families.last_xid)
+                        pod_claims=dra.pod_claims, dcgm_compat=cfg.dcgm_compat, last_xid=xid_families.last_xid,
+                        nvlink=cfg.nvlink_metrics)
     monitor = CycleMonitor(pipeline, ready_without_nvml=cfg.ready_without_nvml,
                            pod_watch=cfg.pod_watch and not cfg.simulate, xid_stats=xid_families.stats)
     # After the Xid watcher's start: the summary tells whether it reads the kernel log.

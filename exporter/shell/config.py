@@ -62,6 +62,7 @@ class Config:
     ready_without_nvml: bool = False
     web_config_file: str | None = None
     dcgm_compat: bool = False
+    nvlink_metrics: bool = True
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -117,6 +118,9 @@ OPTIONS: tuple[Option, ...] = (
            f"nvidia_gpu_pod_info, named {PREFIX} + the sanitised key, at most {MAX_LABELS_PER_POD} per pod "
            "(docs/metrics.md#chargeback-by-pod-label); empty: none"),
     Option("--per-process-metrics", False, "also export one row per GPU process", bool),
+    Option("--nvlink-metrics", True, "export the NVLink families (nvidia_gpu_nvlink_*, six series per link; a MIG "
+           "card's once, on the card's uuid); off: NVLink is not read from NVML and no NVLink series is served, "
+           "--dcgm-compat's included (docs/metrics.md#health-nvml-no-dcgm)", bool),
     Option("--dcgm-compat", False, "also export dcgm-exporter's DCGM_FI_* series (names, units, labels), so its "
            "dashboards and alerts work unchanged (docs/metrics.md#dcgm-compatibility---dcgm-compat)", bool),
     Option("--xid", True, "watch the kernel log for NVIDIA Xid errors", bool),

@@ -2,6 +2,7 @@
 
 Every value here is the card's (docs/metrics.md, "Health"): a MIG device repeats its card's, so
 each panel shows one series per physical GPU (:func:`per_card`), named ``GPU <minor number>``.
+NVLink rows are the card's own: a MIG card's are on its GPU uuid, not on a MIG device (:func:`_links`).
 A family the driver does not report (NotSupported: no row remapping before Ampere, no NVLink on
 a PCIe card) has no series, and the panel says so instead of showing zeros. The alerts on the
 same signals are docs/alerts.md's KubeGpuRowRemapPending to KubeGpuNvlinkErrors.
@@ -51,9 +52,28 @@ def _rate(q: Selectors, series: str, *matchers: str) -> str:
     return f"rate({_sel(q, series, *matchers)}[$__rate_interval])"
 
 
+def _link_sel(q: Selectors, series: str) -> str:
+    """An NVLink series of the node; the GPUs are picked by :func:`_links` (its uuid is a card's)."""
+    return f"{series}{q.s(q.this_node)}"
+
+
+def _link_rate(q: Selectors, series: str) -> str:
+    return f"rate({_link_sel(q, series)}[$__rate_interval])"
+
+
 def _links(q: Selectors, expr: str, *labels: str, agg: str = "sum") -> str:
-    """A per-link ``expr`` summed (or counted) over each card's links."""
-    return per_card(q, _device(q, _device(q, expr, "link", *labels), *labels, agg=agg), *labels)
+    """A per-link ``expr`` summed (or counted) over each card's links, for the cards of the chosen GPUs.
+
+    The exporter puts NVLink rows on the card (a MIG card's on its GPU uuid, which is no device of
+    ``$gpu``): each row's uuid is its card, kept when the card or one of its MIG devices is chosen.
+    """
+    per_card_uuid = _device(q, _device(q, expr, "link", *labels), *labels, agg=agg)
+    return (
+        f"max {q.by(q.node, 'card', 'minor_number', *labels)} (\n"
+        f'  label_replace({per_card_uuid}, "card", "$1", "uuid", "(.+)")\n'
+        f"  and {q.on(q.node, 'card')} {q.cards(q.this_node, q.these_gpus)}\n"
+        ")"
+    )
 
 
 def memory_and_pcie(q: Selectors) -> list[Panel]:
@@ -173,8 +193,8 @@ def _clocks_and_power(q: Selectors) -> list[Panel]:
 
 
 def _nvlink_and_energy(q: Selectors) -> list[Panel]:
-    errors = _rate(q, "nvidia_gpu_nvlink_errors_total")
-    up = _sel(q, "nvidia_gpu_nvlink_up")
+    errors = _link_rate(q, "nvidia_gpu_nvlink_errors_total")
+    up = _link_sel(q, "nvidia_gpu_nvlink_up")
     return [
         Stat(
             "NVLinks up",
@@ -202,8 +222,8 @@ def _nvlink_and_energy(q: Selectors) -> list[Panel]:
             "Data sent and received over each GPU's NVLinks, summed over its links.",
             "Bps",
             [
-                Target(_links(q, _rate(q, "nvidia_gpu_nvlink_transmit_bytes_total")), f"{CARD_LEGEND} TX"),
-                Target(_links(q, _rate(q, "nvidia_gpu_nvlink_receive_bytes_total")), f"{CARD_LEGEND} RX"),
+                Target(_links(q, _link_rate(q, "nvidia_gpu_nvlink_transmit_bytes_total")), f"{CARD_LEGEND} TX"),
+                Target(_links(q, _link_rate(q, "nvidia_gpu_nvlink_receive_bytes_total")), f"{CARD_LEGEND} RX"),
             ],
             no_value=NO_NVLINK,
             w=10,

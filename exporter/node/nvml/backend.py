@@ -21,7 +21,8 @@ place, with the same fields as the simulated node gives them.
 
 * Minor number and PCI bus id are the card's; power, temperature, clocks, ECC, clocks event
   reasons and health are read once per cycle on the card and repeated on each of its MIG devices
-  (a MIG device without values this cycle gets no health either).
+  (a MIG device without values this cycle gets no health either); NVLink thus once per card, and
+  the rows put a MIG card's links on the card (exporter/exposition/health_rows.py).
 * A failing MIG call costs that field, or that MIG device when unexpected; ``GPU_IS_LOST`` from
   the card or any of its MIG devices marks the card lost, reported as its last known MIG devices,
   all lost (or as the card when none was ever found), re-probed with the card's backoff.
@@ -54,8 +55,9 @@ class NvmlBackend:
         init_backoff_max_s: float = 300.0,
         lost_backoff_s: float = 10.0,
         lost_backoff_max_s: float = 600.0,
+        nvlink: bool = True,
     ) -> None:
-        """``clock`` times backoff and durations; ``wall_clock`` stamps samples."""
+        """``clock`` times backoff and durations; ``wall_clock`` stamps samples; ``nvlink``: read NVLink."""
         self._clock = clock
         self._wall_clock = wall_clock
         self._init_backoff = (init_backoff_s, init_backoff_max_s)
@@ -70,7 +72,7 @@ class NvmlBackend:
         self._errors = CallErrors()
         self._identity = IdentityReader(self._errors)
         self._fields = FieldReader(self._errors)
-        self._health = HealthReader(self._errors)
+        self._health = HealthReader(self._errors, nvlink=nvlink)
 
     @property
     def nvml_up(self) -> bool:

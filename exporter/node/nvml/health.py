@@ -15,6 +15,7 @@ temperature, PCIe, retired pages, row remapping, NVLink per link and GPM (``gpm.
   ``NVML_NVLINK_MAX_LINKS``; NotSupported or InvalidArgument means no such link (not an error). A
   clean search is kept for the session (a card's links do not come and go), so a card without
   NVLink costs that search once; a search with a counted failure is made again next cycle.
+  Without ``nvlink`` (``--no-nvlink-metrics``) no NVLink call is made and ``nvlinks`` is empty.
 * MIG: the backend reads the card once per cycle and repeats its health on each MIG device.
 """
 
@@ -57,9 +58,11 @@ def _times(value: int | None, factor: int) -> int | None:
 class HealthReader:
     """Reads a card's DeviceHealth; failures go to ``errors``. Raises only DeviceLost."""
 
-    def __init__(self, errors: CallErrors, gpm: GpmReader | None = None) -> None:
-        """Count failed calls in ``errors``; GPM ratios through ``gpm`` (one of its own by default)."""
+    def __init__(self, errors: CallErrors, gpm: GpmReader | None = None, *, nvlink: bool = True) -> None:
+        """Count failed calls in ``errors``; GPM ratios through ``gpm`` (one of its own by default);
+        NVLink read only with ``nvlink``."""
         self._errors = errors
+        self._nvlink = nvlink
         self.gpm = gpm if gpm is not None else GpmReader(errors)
         self._missing: set[str] = set()  # calls whose symbol the driver lacks
         self._links: dict[int, tuple[int, ...]] = {}  # device index -> its links, once found cleanly
@@ -71,7 +74,7 @@ class HealthReader:
         single, double, retired_pending = self._retired_pages(h)
         remapped = self._call("nvmlDeviceGetRemappedRows", h)  # (correctable, uncorrectable, pending, failure)
         corr, unc, remap_pending, remap_failure = remapped if remapped is not None else (None,) * 4
-        links, states = self._find_links(dev.index, h)
+        links, states = self._find_links(dev.index, h) if self._nvlink else ((), {})
         memory_temperature, *link_data = self._field_values(h, links)
         return DeviceHealth(
             energy_millijoules=self._call("nvmlDeviceGetTotalEnergyConsumption", h),
