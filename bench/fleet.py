@@ -44,12 +44,12 @@ def render_fleet(nodes: Sequence[Node], profile: str = "full", workers: int = 2,
 
 
 def serve_fleet(nodes: Sequence[Node], exporter: Sequence[list[Family]], nodes_per_shard: int = 50,
-                port: int = 0, tke: bool = True) -> FleetServer:
+                port: int = 0, tke: bool = True, interval: float | None = None) -> FleetServer:
     """A started server with ``/shard/<k>`` (``exporter``) and ``/tke/<k>`` (the TKE inputs of ``nodes``)."""
     paths = {"shard": shards(exporter, nodes_per_shard)}
     if tke:
         paths["tke"] = shards([tke_families(n) for n in nodes], nodes_per_shard)
-    return FleetServer(paths, port=port).start()
+    return FleetServer(paths, port=port, interval=interval).start()
 
 
 def scrape_configs(server: FleetServer, interval: str = "30s", timeout: str = "25s") -> list[dict[str, Any]]:

@@ -5,7 +5,8 @@ inputs; every series has its node's own ``cluster``/``instance`` labels, so Prom
 with ``honor_labels: true`` as if it scraped every node. A shard's body is pre-rendered bytes per
 family; only two things change between scrapes:
 
-- counters that move (busy seconds, energy, ...) are written as ``value + rate x elapsed``;
+- counters that move (busy seconds, energy, ...) are written as ``value + rate x elapsed``
+  (``elapsed`` in whole scrape intervals since the path's first scrape when the interval is given);
 - the usage gauges in ``VARY`` (duty cycle, memory used, and the GPU manager's counterparts) cycle
   through ``FACTORS``, one per scrape of that path, all values of a scrape scaled alike.
 
@@ -96,8 +97,13 @@ class Shard:
 class FleetServer:
     """The shards on one loopback port, served from a thread with its own event loop."""
 
-    def __init__(self, shards: dict[str, Sequence[Shard]], host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, shards: dict[str, Sequence[Shard]], host: str = "127.0.0.1", port: int = 0,
+                 interval: float | None = None) -> None:
         self.shards, self.host, self.port = shards, host, port
+        # With the scrape interval known, a path's counters advance by exactly one interval per scrape
+        # (time since its first scrape, rounded to intervals): a late response does not bend the line.
+        self.interval = interval
+        self._first: dict[tuple[str, int], float] = {}
         self.vary = True
         self.started = time.time()
         self.scrapes = 0
@@ -115,7 +121,11 @@ class FleetServer:
         if shards is None or not 0 <= k < len(shards):
             raise web.HTTPNotFound()
         self.scrapes += 1
-        body = shards[k].body(time.time() - self.started, self.vary)
+        now = time.time()
+        if self.interval:
+            first = self._first.setdefault((request.match_info["kind"], k), now)
+            now = first + round((now - first) / self.interval) * self.interval
+        body = shards[k].body(now - self.started, self.vary)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _control(self, request: web.Request) -> web.Response:

@@ -129,14 +129,20 @@ class Prometheus:
         time.sleep(2.0)  # the scrape loops and the rule groups wind down
         return t0
 
-    def timed(self, expr: str, at: float, reps: int) -> tuple[float, int]:
-        """Best of ``reps`` inner evaluation times (seconds) of ``expr`` at time ``at``, and its series."""
-        best, n = math.inf, 0
+    def timed(self, exprs: dict[str, str], at: float, reps: int) -> dict[str, tuple[float, int]]:
+        """Best of ``reps`` inner evaluation times (seconds) of each expression at time ``at``, and its series.
+
+        Each repetition sweeps all expressions in turn, so that a burst of other work costs every
+        expression one slow repetition rather than some expressions all of theirs.
+        """
+        best: dict[str, float] = dict.fromkeys(exprs, math.inf)
+        series: dict[str, int] = {}
         for _ in range(reps):
-            data = self.api("query", query=expr, time=f"{at:.3f}", stats="all")
-            best = min(best, data["stats"]["timings"]["innerEvalTime"])
-            n = len(data["result"]) if isinstance(data["result"], list) else 1
-        return best, n
+            for name, expr in exprs.items():
+                data = self.api("query", query=expr, time=f"{at:.3f}", stats="all")
+                best[name] = min(best[name], data["stats"]["timings"]["innerEvalTime"])
+                series[name] = len(data["result"]) if isinstance(data["result"], list) else 1
+        return {name: (best[name], series[name]) for name in exprs}
 
     def groups(self) -> dict[str, dict[str, Any]]:
         """/api/v1/rules by group name: lastEvaluation, evaluationTime, rules (name, evaluationTime, health)."""

@@ -1,6 +1,6 @@
 """What the recording rules cost at fleet scale: our bundle and the seed's TKE group, side by side.
 
-    python -m bench.rule_cost --nodes 100,1000,5000            # about 4 min per size, plus rendering
+    python -m bench.rule_cost --nodes 100,1000,5000            # 4-15 min per size, plus rendering
     python -m bench.rule_cost --nodes 50 --interval 10s --evaluations 2 --full-up-to 0   # a quick look
 
 For each size (and profile) a fresh Prometheus on a loopback port scrapes the synthetic fleet
@@ -11,7 +11,9 @@ metrics (head series, RSS, samples appended per second, CPU), and the series eac
 then it holds the fleet's gauges still, waits for a fresh evaluation and compares both bundles
 with the model's truth (bench/rule_compare.py). Writes ``rule_cost.json`` and ``rule_cost.md``
 into ``--out``. Profiles: ``rules`` (only the families the bundle reads; every size) and ``full``
-(everything the exporter emits; sizes up to ``--full-up-to``). See bench/README.md.
+(everything the exporter emits; sizes up to ``--full-up-to``). A size whose Prometheus would not fit
+in the free memory (estimated from the last run's RSS per head series) runs our bundle alone, or
+not at all. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import yaml
 
 from bench.fleet import render_fleet, scrape_configs, series_summary, serve_fleet
 from bench.fleet_model import Node, build_fleet
-from bench.fleet_render import Family
+from bench.fleet_render import Family, rule_inputs
 from bench.fleet_serve import FleetServer
 from bench.fleet_tke import PREFIX, seed_rule_file
 from bench.prom import Prometheus, http
@@ -166,7 +168,7 @@ def run_size(nodes: Sequence[Node], exporter: Sequence[list[Family]], profile: s
                               "mem_available_before_bytes": _mem_available()}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kge-rule-cost-") as tmp:
-        server = serve_fleet(nodes, exporter, args.nodes_per_shard, tke=args.seed_group)
+        server = serve_fleet(nodes, exporter, args.nodes_per_shard, tke=args.seed_group, interval=interval)
         try:
             result["scraped_series"]["tke"] = sum(s.series for s in server.shards.get("tke", ()))
             targets = sum(len(v) for v in server.shards.values())
@@ -225,10 +227,15 @@ def _replay(prom: Prometheus, texts: dict[str, str], reps: int) -> dict[str, Any
     """Every rule again as an instant query on an idle Prometheus (no targets, no rules) at the last data."""
     t0 = prom.quiesce()
     out: dict[str, Any] = {"reps": reps}
-    for group, text in texts.items():
-        rules = {r["record"]: prom.timed(r["expr"], t0, reps)[0] for g in yaml.safe_load(text)["groups"]
-                 for r in g["rules"]}
+    exprs = {(group, r["record"]): r["expr"] for group, text in texts.items()
+             for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
+    # The floor: one pass over every series the bundle reads (the least any bundle reading them pays).
+    floor = f'count({{__name__=~"{"|".join(sorted(rule_inputs()))}"}})'
+    timed = prom.timed({**{f"{g}\0{n}": e for (g, n), e in exprs.items()}, "\0floor": floor}, t0, reps)
+    for group in texts:
+        rules = {n: timed[f"{g}\0{n}"][0] for g, n in exprs if g == group}
         out[group] = {"seconds": sum(rules.values()), "rule_seconds": rules}
+    out["floor"] = {"expr": floor, "seconds": timed["\0floor"][0]}
     return out
 
 
@@ -274,11 +281,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"# {profile} profile, {n} nodes ...", file=sys.stderr, flush=True)
         args.seed_group = not (args.ours_only_above and n > args.ours_only_above)
         need = _memory_needed(report["runs"], profile, n, args.seed_group)
+        room = _mem_available() - 1.5 * 2**30
+        note = None
+        if need and need > room and args.seed_group:  # the largest that fits: our bundle alone
+            alone = _memory_needed(report["runs"], profile, n, False)
+            if alone and alone <= room:
+                args.seed_group = False
+                note = (f"both bundles would need about {need / 2**30:.1f} GiB, {room / 2**30:.1f} GiB free: "
+                        "ran our bundle alone")
+                need = alone
         try:
-            if need and need > _mem_available() - 1.5 * 2**30:
+            if need and need > room:
                 raise RuntimeError(f"would need about {need / 2**30:.1f} GiB (RSS per head series of the last run), "
                                    f"{_mem_available() / 2**30:.1f} GiB available: not started")
             run = run_size(fleet[:n], rendered[profile][:n], profile, args)
+            if note:
+                run["note"] = note
         except (TimeoutError, RuntimeError, OSError) as e:
             run = {"profile": profile, "nodes": n, "error": f"{type(e).__name__}: {e}",
                    "mem_available_bytes": _mem_available()}

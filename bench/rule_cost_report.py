@@ -98,7 +98,7 @@ def _gib(b: float) -> str:
 def _runs_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| profile | nodes | GPUs | scraped series (exporter + TKE) | head series | RSS / peak (GiB) | "
              "samples/s | Prometheus CPU (cores) | ours: eval median / max (s) | seed: eval median / max (s) | "
-             "ours / seed per 1,000 nodes (s) | replayed idle: ours / seed (s) | ours / seed recorded series |",
+             "ours / seed per 1,000 nodes (s) | replayed idle: ours / seed / floor (s) | ours / seed recorded series |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in runs:
         if "error" in r:
@@ -113,7 +113,7 @@ def _runs_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         seed = (f"{s['seconds_median']:.3f} / {s['seconds_max']:.3f}", f"{s['seconds_median'] / k:.3f}") \
             if s["seconds_median"] is not None else ("not run", "-")
         rp = r.get("replay", {})
-        replay = " / ".join(f"{rp[g]['seconds']:.3f}" if g in rp else "-" for g in (OURS_GROUP, SEED_GROUP))
+        replay = " / ".join(f"{rp[g]['seconds']:.3f}" if g in rp else "-" for g in (OURS_GROUP, SEED_GROUP, "floor"))
         lines.append(
             f"| {r['profile']} | {r['nodes']:,} | {r['gpus']:,} | {sc['exporter']:,} + {sc['tke']:,} | "
             f"{int(p['head_series']):,} | {_gib(p['rss_bytes'])} / {_gib(p['peak_rss_bytes'])} | "
@@ -146,6 +146,7 @@ def markdown(report: dict[str, Any]) -> str:
         out.append(f"- `{profile}` exposition: {s['series_per_node']:.0f} series per node, "
                    f"{s['series_per_gpu']:.1f} per GPU ({s['nodes']:,} nodes; by node kind: {kinds}).")
     out += ["", *_runs_table(report["runs"]), ""]
+    out += [f"- {r['profile']}, {r['nodes']:,} nodes: {r['note']}" for r in report["runs"] if r.get("note")]
     ok = _ok(report["runs"])
     if ok:
         out += ["The series both bundles record (same names): rule seconds, ours with its helpers; "

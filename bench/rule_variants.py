@@ -107,7 +107,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     opts = RuleOptions(cluster_label="cluster", interval=args.interval)
     current, (prop, replaces) = render_rules(opts), proposal(opts)
     fleet = build_fleet(args.nodes, args.seed)
-    server = serve_fleet(fleet, render_fleet(fleet, "rules", args.workers), tke=False)
+    interval = float(args.interval.rstrip("s"))
+    server = serve_fleet(fleet, render_fleet(fleet, "rules", args.workers), tke=False, interval=interval)
     try:
         with tempfile.TemporaryDirectory(prefix="kge-variants-") as tmp:
             http(f"{server.url}/control?vary=0", data=b"")
@@ -125,10 +126,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             last[name], seen[name] = g["lastEvaluation"], seen.get(name, 0) + 1
                     time.sleep(2)
                 t0 = prom.quiesce()
-                timed = {}
-                for text in (current, prop):
-                    for r in yaml.safe_load(text)["groups"][0]["rules"]:
-                        timed[r["record"]] = prom.timed(r["expr"], t0, args.reps)
+                timed = prom.timed({r["record"]: r["expr"] for text in (current, prop)
+                                    for r in yaml.safe_load(text)["groups"][0]["rules"]}, t0, args.reps)
                 checks = {}
                 for name in replaces:
                     if name.startswith("("):
@@ -173,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rule_variants", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--interval", default="30s")
-    p.add_argument("--reps", type=int, default=3, help="replays of each rule; the fastest counts")
-    p.add_argument("--min-age", type=float, default=360.0,
+    p.add_argument("--reps", type=int, default=5, help="replays of each rule; the fastest counts")
+    p.add_argument("--min-age", type=float, default=480.0,
                    help="seconds of data before the replay: rate() over the 5m window is exact only once the "
                         "data spans it (the two groups evaluate at different moments)")
     p.add_argument("--seed", type=int, default=1)

@@ -137,9 +137,10 @@ def test_the_seed_group_evaluates_on_the_generated_tke_inputs(tmp_path: Path) ->
 
 def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     """Twelve nodes (two clusters), 1 s intervals: every number present, ours equal to the model."""
-    out = subprocess.run([sys.executable, "-m", "bench.rule_cost", "--nodes", str(BLOCK + 2), "--interval", "1s",
-                          "--scrape-timeout", "1s", "--evaluations", "2", "--full-up-to", "0", "--workers", "1",
-                          "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    argv = ["--nodes", str(BLOCK + 2), "--interval", "1s", "--scrape-timeout", "1s", "--evaluations", "2",
+            "--full-up-to", "0", "--workers", "1", "--replay-reps", "1", "--out", str(tmp_path)]
+    out = subprocess.run([sys.executable, "-m", "bench.rule_cost", *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=240, check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     report = json.loads((tmp_path / "rule_cost.json").read_text())
     (run,) = report["runs"]
