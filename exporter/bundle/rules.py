@@ -91,6 +91,7 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "PI": [*cl, ns, pod],  # identifies a pod in a cluster: the workload-join key
         "PIW": [*cl, ns, pod, *wl],
         "P": [*cl, node, ns, pod],
+        "PW": [*cl, node, ns, pod, *wl],  # a pod series' labels (before the namespace/pod copies)
         "C": [*cl, node, ns, pod, ctr],
         "W": [*cl, ns, *wl],
         "NU": [*cl, node, "uuid"],
@@ -130,9 +131,18 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "workload_mem": _workload_sum(by["W"], L["PI"], helpers["mem"], helpers["info"]),
         **_counter_exprs(by, L["PI"], helpers, opts.rate_window),
     }
+    levels = set(opts.levels)
+    if "node" in levels:
+        # The node series count each GPU once already: the cluster sums them instead of re-reading
+        # every per-GPU row (the node section comes before the workload, namespace and cluster ones).
+        exprs |= {
+            "cluster_total": f"sum {by['CL']}(kube_node_status_allocatable_gpu)",
+            "cluster_mem_total": f"sum {by['CL']}(kube_node_status_allocatable_gpu_memory_bytes)",
+            "cluster_used": f"sum {by['CL']}(k8s_node_gpu_used)",
+            "cluster_mem": f"sum {by['CL']}(k8s_node_gpu_memory_used_bytes)",
+        }
     # As divisors: parenthesised and without zeros, so no ratio is ever +Inf or NaN.
     divisors = {k: f"({v} > 0)" for k, v in exprs.items()}
-    levels = set(opts.levels)
     return {
         "opts": opts,
         "cli_args": " ".join(opts.to_args()),
@@ -182,6 +192,12 @@ def _workload_sum(by_w: str, pod_key: str, series: str, info: str) -> str:
     )
 
 
+def _parenthesized(text: str) -> str:
+    """A multi-line expression inside parentheses (an operand of a binary operator); one line as is."""
+    text = textwrap.dedent(str(text)).strip()
+    return f"(\n{textwrap.indent(text, '  ')}\n)" if "\n" in text else text
+
+
 def _exprblock(text: str, indent: int = 6) -> str:
     """Format a rule body as the lines of a YAML block scalar at ``indent`` columns."""
     lines = [ln.rstrip() for ln in textwrap.dedent(text).splitlines() if ln.strip()]
@@ -198,6 +214,7 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["exprblock"] = _exprblock
+    env.filters["parenthesized"] = _parenthesized
     env.filters["with_k8s_labels"] = with_k8s_labels
     return env
 
