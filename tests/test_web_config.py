@@ -27,7 +27,7 @@ import yaml
 
 from exporter.shell import cli
 from exporter.shell.config import ConfigError, load_config
-from exporter.shell.web_config import BasicAuth, TlsReloader, TlsSettings, load_web_config
+from exporter.shell.web_config import BasicAuth, TlsReloader, TlsSettings, WebConfigError, load_web_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "seed-cgpu-t4.yaml"
@@ -244,7 +244,7 @@ BAD = [
 def test_malformed_web_config_is_one_line_exit_2(tmp_path: Path, capsys, web, words: str):
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump(web))
-    with pytest.raises(ConfigError, match=words):
+    with pytest.raises(WebConfigError, match=words):
         load_web_config(str(path))
     rc = cli.main(["--simulate", str(SEED), "--listen", f"127.0.0.1:{free_port()}", "--web-config-file", str(path)])
     err = capsys.readouterr().err

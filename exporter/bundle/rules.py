@@ -31,6 +31,17 @@ from exporter.bundle.common import (
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
 
 LEVELS: tuple[str, ...] = ("container", "pod", "node", "workload", "namespace", "cluster")
+DEVICE_ROWS = 'allocate_mode=~"exclusive|None"'  # exactly one row per GPU: the device totals
+# The helper series: per container, the inputs of the container, pod, workload and namespace rules.
+HELPERS = {
+    "info": "namespace_workload_pod:nvidia_gpu_pod_info:dedup",
+    "duty": "node_namespace_pod_container:nvidia_gpu_duty_cycle:sum",
+    "mem": "node_namespace_pod_container:nvidia_gpu_memory_used_bytes:sum",
+    "req": "node_namespace_pod_container:nvidia_gpu_allocated_compute_percent:sum",
+    "mreq": "node_namespace_pod_container:nvidia_gpu_allocated_memory_bytes:sum",
+    "busy": "node_namespace_pod_container:nvidia_gpu_container_busy_seconds_total:sum_rate",
+    "energy": "node_namespace_pod_container:nvidia_gpu_container_energy_joules_total:sum_rate",
+}
 
 
 class RuleOptionsError(ValueError):
@@ -101,46 +112,8 @@ def _context(opts: RuleOptions) -> dict[str, object]:
     }
     L = {k: ", ".join(v) for k, v in keys.items()}
     by = {k: _by(v) for k, v in keys.items()}
-    device = 'allocate_mode=~"exclusive|None"'  # exactly one row per GPU: the device totals
-    helpers = {
-        "info": "namespace_workload_pod:nvidia_gpu_pod_info:dedup",
-        "duty": "node_namespace_pod_container:nvidia_gpu_duty_cycle:sum",
-        "mem": "node_namespace_pod_container:nvidia_gpu_memory_used_bytes:sum",
-        "req": "node_namespace_pod_container:nvidia_gpu_allocated_compute_percent:sum",
-        "mreq": "node_namespace_pod_container:nvidia_gpu_allocated_memory_bytes:sum",
-        "busy": "node_namespace_pod_container:nvidia_gpu_container_busy_seconds_total:sum_rate",
-        "energy": "node_namespace_pod_container:nvidia_gpu_container_energy_joules_total:sum_rate",
-    }
-
-    # Reused sub-expressions. `max` de-duplicates a node scraped by two jobs; inner
-    # `max by (..., uuid)` counts each GPU once.
-    exprs = {
-        "cap_gpu": f"max {by['N']}(nvidia_gpu_num_devices) * 100",
-        "cap_mem": f"max {by['N']}(nvidia_gpu_node_memory_total_bytes)",
-        "alloc_gpu": f"max {by['N']}(nvidia_gpu_node_healthy_devices) * 100",
-        "alloc_mem": f"max {by['N']}(nvidia_gpu_node_healthy_memory_bytes)",
-        "node_used": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{device}}}))",
-        "node_mem": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{device}}}))",
-        # every GPU the exporter reports, one series per card (value: its memory)
-        "cards": f"max {by['CARD']}(nvidia_gpu_memory_total_bytes)",
-        "cluster_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_devices)) * 100",
-        "cluster_mem_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_memory_bytes))",
-        "cluster_used": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{device}}}))",
-        "cluster_mem": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{device}}}))",
-        "workload_used": _workload_sum(by["W"], L["PI"], helpers["duty"], helpers["info"]),
-        "workload_mem": _workload_sum(by["W"], L["PI"], helpers["mem"], helpers["info"]),
-        **_counter_exprs(by, L["PI"], helpers, opts.rate_window),
-    }
     levels = set(opts.levels)
-    if "node" in levels:
-        # The node series count each GPU once already: the cluster sums them instead of re-reading
-        # every per-GPU row (the node section comes before the workload, namespace and cluster ones).
-        exprs |= {
-            "cluster_total": f"sum {by['CL']}(kube_node_status_allocatable_gpu)",
-            "cluster_mem_total": f"sum {by['CL']}(kube_node_status_allocatable_gpu_memory_bytes)",
-            "cluster_used": f"sum {by['CL']}(k8s_node_gpu_used)",
-            "cluster_mem": f"sum {by['CL']}(k8s_node_gpu_memory_used_bytes)",
-        }
+    exprs = _shared_exprs(by, L, levels, opts.rate_window)
     # As divisors: parenthesised and without zeros, so no ratio is ever +Inf or NaN.
     divisors = {k: f"({v} > 0)" for k, v in exprs.items()}
     return {
@@ -150,10 +123,10 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "L": L,
         "by": by,
         "on_cl": f"on ({L['CL']})",
-        "H": helpers,
+        "H": HELPERS,
         "X": exprs,
         "D": divisors,
-        "SEL": {"container": 'allocate_mode=~"exclusive|share"', "device": device, "attributed": f'{pod}!=""'},
+        "SEL": {"container": 'allocate_mode=~"exclusive|share"', "device": DEVICE_ROWS, "attributed": f'{pod}!=""'},
         "RW": opts.rate_window,
         # namespace/pod/container copied from the exporter's labels at the end of each rule of a level
         "K8S": {level: opts.k8s_labels(level) for level in K8S_LEVELS},
@@ -163,6 +136,40 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "need_counters": bool(levels & {"container", "pod", "workload", "namespace"}),
         "need_alloc": bool(levels & {"container", "pod"}),
     }
+
+
+def _shared_exprs(by: Mapping[str, str], L: Mapping[str, str], levels: set[str], rate_window: str) -> dict[str, str]:
+    """Sub-expressions several rules reuse (capacities, usage, totals), by name.
+
+    ``max`` de-duplicates a node scraped by two jobs; an inner ``max by (..., uuid)`` counts each GPU once.
+    """
+    exprs = {
+        "cap_gpu": f"max {by['N']}(nvidia_gpu_num_devices) * 100",
+        "cap_mem": f"max {by['N']}(nvidia_gpu_node_memory_total_bytes)",
+        "alloc_gpu": f"max {by['N']}(nvidia_gpu_node_healthy_devices) * 100",
+        "alloc_mem": f"max {by['N']}(nvidia_gpu_node_healthy_memory_bytes)",
+        "node_used": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{DEVICE_ROWS}}}))",
+        "node_mem": f"sum {by['N']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{DEVICE_ROWS}}}))",
+        # every GPU the exporter reports, one series per card (value: its memory)
+        "cards": f"max {by['CARD']}(nvidia_gpu_memory_total_bytes)",
+        "cluster_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_devices)) * 100",
+        "cluster_mem_total": f"sum {by['CL']}(max {by['N']}(nvidia_gpu_node_healthy_memory_bytes))",
+        "cluster_used": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_duty_cycle{{{DEVICE_ROWS}}}))",
+        "cluster_mem": f"sum {by['CL']}(max {by['NU']}(nvidia_gpu_memory_used_bytes{{{DEVICE_ROWS}}}))",
+        "workload_used": _workload_sum(by["W"], L["PI"], HELPERS["duty"], HELPERS["info"]),
+        "workload_mem": _workload_sum(by["W"], L["PI"], HELPERS["mem"], HELPERS["info"]),
+        **_counter_exprs(by, L["PI"], HELPERS, rate_window),
+    }
+    if "node" in levels:
+        # The node series count each GPU once already: the cluster sums them instead of re-reading
+        # every per-GPU row (the node section comes before the workload, namespace and cluster ones).
+        exprs |= {
+            "cluster_total": f"sum {by['CL']}(kube_node_status_allocatable_gpu)",
+            "cluster_mem_total": f"sum {by['CL']}(kube_node_status_allocatable_gpu_memory_bytes)",
+            "cluster_used": f"sum {by['CL']}(k8s_node_gpu_used)",
+            "cluster_mem": f"sum {by['CL']}(k8s_node_gpu_memory_used_bytes)",
+        }
+    return exprs
 
 
 def _counter_exprs(by: Mapping[str, str], pod_key: str, helpers: Mapping[str, str], w: str) -> dict[str, str]:

@@ -250,11 +250,11 @@ def _serve(daemon: Daemon) -> int:
     from exporter.shell.http_limits import ServerLimits, raise_nofile_limit
     from exporter.shell.http_stats import HttpStats
     from exporter.shell.server import BindError, HttpServer, make_app, run
-    from exporter.shell.web_config import load_web_config
+    from exporter.shell.web_config import WebConfigError, load_web_config
 
     try:  # checked by load_config already; read again here for the certificates as they are now
         web = load_web_config(daemon.config.web_config_file) if daemon.config.web_config_file else None
-    except ConfigError as e:
+    except WebConfigError as e:
         print(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", file=sys.stderr)
         daemon.close()
         return 2

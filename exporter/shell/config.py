@@ -321,8 +321,11 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, c
     if cfg.log_format not in ("text", "json"):
         raise ConfigError(f"{sources['log_format']} must be text or json, got {cfg.log_format!r}")
     if cfg.web_config_file:
-        from exporter.shell.web_config import load_web_config
-        load_web_config(cfg.web_config_file, sources["web_config_file"])  # refused at start, with the key
+        from exporter.shell.web_config import WebConfigError, load_web_config
+        try:
+            load_web_config(cfg.web_config_file, sources["web_config_file"])  # refused at start, with the key
+        except WebConfigError as e:
+            raise ConfigError(str(e)) from None
     return cfg
 
 

@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.shell.config import ConfigError
 from exporter.shell.http_wire import Request, Response
 
 log = logging.getLogger("kube_gpu_exporter.http")
@@ -57,6 +56,10 @@ UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 _BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 # Checked against for unknown users, so a wrong user name costs as long as a wrong password.
 _DUMMY_HASH = b"$2b$10$KyjVSoKu/WSK7bGvmJFxNuzRzqDl1JH9CBAJ4JxPD9SEcqmRCF.WC"
+
+
+class WebConfigError(ValueError):
+    """A web config file the exporter refuses; the message is one line naming the file (and its source)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +99,16 @@ class WebConfig:
 
 
 def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
-    """Read and check the file, load its certificates once; raises ConfigError naming ``source``."""
+    """Read and check the file, load its certificates once; raises WebConfigError naming ``source``."""
     import yaml  # only with --web-config-file
 
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: a NUL in the path (UnicodeError is one)
-        raise ConfigError(f"{source} {path}: cannot read it: {e}") from None
+        raise WebConfigError(f"{source} {path}: cannot read it: {e}") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ConfigError(f"{source} {path}: must be a mapping, got {type(data).__name__}")
+        raise WebConfigError(f"{source} {path}: must be a mapping, got {type(data).__name__}")
     _refuse_keys(data, {"tls_server_config", "basic_auth_users"}, f"{source} {path}")
     tls = _tls(data.get("tls_server_config"), Path(path).parent, f"{source} {path}: tls_server_config")
     users = _users(data.get("basic_auth_users"), f"{source} {path}: basic_auth_users")
@@ -114,48 +117,48 @@ def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
         try:
             context = tls.context()
         except (OSError, ValueError, ssl.SSLError) as e:  # ValueError: a NUL in a certificate path
-            raise ConfigError(f"{source} {path}: cannot load the certificate: {e}") from None
+            raise WebConfigError(f"{source} {path}: cannot load the certificate: {e}") from None
     return WebConfig(path, tls, users, context)
 
 
 def _refuse_keys(data: Mapping, known: frozenset[str] | set[str], where: str) -> None:
     for key in data:
         if key in UNSUPPORTED:
-            raise ConfigError(f"{where}: {key!r} is not supported: {UNSUPPORTED[key]}")
+            raise WebConfigError(f"{where}: {key!r} is not supported: {UNSUPPORTED[key]}")
         if key not in known:
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+            raise WebConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
 
 
 def _tls(section: object, base: Path, where: str) -> TlsSettings | None:
     if section is None:
         return None
     if not isinstance(section, dict):
-        raise ConfigError(f"{where}: must be a mapping")
+        raise WebConfigError(f"{where}: must be a mapping")
     _refuse_keys(section, TLS_KEYS, where)
     for key, value in section.items():
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+            raise WebConfigError(f"{where}: {key} must be a string, got {value!r}")
     if not section.get("cert_file") or not section.get("key_file"):
-        raise ConfigError(f"{where}: cert_file and key_file are required")
+        raise WebConfigError(f"{where}: cert_file and key_file are required")
     auth = section.get("client_auth_type") or "NoClientCert"
     if auth in UNVERIFIED_AUTH:
-        raise ConfigError(f"{where}: client_auth_type {auth} is not supported (Python's ssl verifies every client "
+        raise WebConfigError(f"{where}: client_auth_type {auth} is not supported (Python's ssl verifies every client "
                           "certificate it asks for): use VerifyClientCertIfGiven or RequireAndVerifyClientCert")
     if auth not in CLIENT_AUTH:
-        raise ConfigError(f"{where}: client_auth_type must be one of {', '.join(CLIENT_AUTH)}, got {auth!r}")
+        raise WebConfigError(f"{where}: client_auth_type must be one of {', '.join(CLIENT_AUTH)}, got {auth!r}")
     ca = section.get("client_ca_file") or None
     if ca and auth == "NoClientCert":
-        raise ConfigError(f"{where}: client_ca_file is set but client_auth_type is NoClientCert")
+        raise WebConfigError(f"{where}: client_ca_file is set but client_auth_type is NoClientCert")
     if not ca and auth != "NoClientCert":
-        raise ConfigError(f"{where}: client_auth_type {auth} needs client_ca_file")
+        raise WebConfigError(f"{where}: client_auth_type {auth} needs client_ca_file")
     versions = []
     for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         name = section.get(key) or default
         if name not in VERSIONS:
-            raise ConfigError(f"{where}: {key} must be TLS12 or TLS13, got {name!r}")
+            raise WebConfigError(f"{where}: {key} must be TLS12 or TLS13, got {name!r}")
         versions.append(VERSIONS[name])
     if versions[0] > versions[1]:
-        raise ConfigError(f"{where}: min_version is above max_version")
+        raise WebConfigError(f"{where}: min_version is above max_version")
     return TlsSettings(base / section["cert_file"], base / section["key_file"], base / ca if ca else None,
                        CLIENT_AUTH[auth], versions[0], versions[1])
 
@@ -164,13 +167,13 @@ def _users(section: object, where: str) -> dict[str, bytes]:
     if section is None:
         return {}
     if not isinstance(section, dict):
-        raise ConfigError(f"{where}: must be a mapping of user names to bcrypt hashes")
+        raise WebConfigError(f"{where}: must be a mapping of user names to bcrypt hashes")
     users: dict[str, bytes] = {}
     for user, hashed in section.items():
         if not isinstance(user, str) or not user or ":" in user:
-            raise ConfigError(f"{where}: user names are non-empty strings without ':', got {user!r}")
+            raise WebConfigError(f"{where}: user names are non-empty strings without ':', got {user!r}")
         if not isinstance(hashed, str) or not _BCRYPT.fullmatch(hashed):
-            raise ConfigError(f"{where}: the password of {user!r} must be a bcrypt hash ($2y$10$...)")
+            raise WebConfigError(f"{where}: the password of {user!r} must be a bcrypt hash ($2y$10$...)")
         users[user] = hashed.encode()
     return users
 
