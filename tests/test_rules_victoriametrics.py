@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from exporter.bundle.rules import RuleOptions, render_rules
+from tests.federation_support import force_flush
 from tests.prom_support import free_port, stop, wait_for
 from tests.test_rules_e2e import Target, expected_cluster_rendering, exporters, public_records, wait_recorded
 
@@ -62,8 +63,10 @@ def test_cluster_rendering_on_victoriametrics(exporters: list[Target], tmp_path:
         ], tmp_path / "vmalert.log", f"http://127.0.0.1:{vmalert_port}/health", "vmalert"))
         expected = expected_cluster_rendering()
         assert public_records(rules) == sorted(expected)
-        # scrape, then chains of recorded series, each a remote write and a read
-        wait_recorded(vm, expected, timeout=120)
+        # scrape, then chains of recorded series, each a remote write and a read: every link waits
+        # for VictoriaMetrics to make the newest samples searchable, which the flushes hurry
+        with force_flush(vm):
+            wait_recorded(vm, expected, timeout=120)
     finally:
         for proc in reversed(procs):
             stop(proc)
