@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -160,6 +161,9 @@ def run_size(nodes: Sequence[Node], exporter: Sequence[list[Family]], profile: s
     if args.seed_group:
         rules["tke.rules.yaml"] = seed_rule_file(group=SEED_GROUP)
         groups.append(SEED_GROUP)
+    for name, text in args.also if len(nodes) <= args.also_up_to else ():
+        rules[f"{name}.rules.yaml"] = renamed_rule_file(text, f"{name}:", name)
+        groups.append(name)
     result: dict[str, Any] = {"profile": profile, "nodes": len(nodes), "gpus": sum(len(n.devices) for n in nodes),
                               "bundles": groups, "load_average_before": os.getloadavg(),
                               "rules_sha256": {k: hashlib.sha256(v.encode()).hexdigest()[:16]
@@ -208,9 +212,11 @@ def _compare(prom: Prometheus, server: FleetServer, nodes: Sequence[Node], group
     """Hold the gauges at the model's values, wait for a rescrape and a fresh evaluation, compare."""
     http(f"{server.url}/control?vary=0", data=b"")
     counts = {id(s): s.scrapes for kind in server.shards.values() for s in kind}
-    _wait(lambda: all(s.scrapes > counts[id(s)] for kind in server.shards.values() for s in kind),
-          slowest * 3 + 60, "a rescrape of every target")
-    time.sleep(1.0)  # the last body is being ingested
+    # Two rescrapes of every target: a scrape's samples carry its start time but land when a large
+    # body has been ingested, which at thousands of nodes can be after an evaluation began. After the
+    # second, every sample an evaluation can see is held still (the first rescrape's, or later ones).
+    _wait(lambda: all(s.scrapes > counts[id(s)] + 1 for kind in server.shards.values() for s in kind),
+          slowest * 4 + 90, "two rescrapes of every target")
     fresh = time.time()
 
     def evaluated() -> bool:
@@ -239,6 +245,27 @@ def _replay(prom: Prometheus, texts: dict[str, str], reps: int) -> dict[str, Any
     return out
 
 
+def renamed_rule_file(text: str, prefix: str, group: str) -> str:
+    """A rule file as one group ``group``, every recorded name renamed ``<prefix><name>`` in records and exprs."""
+    doc = yaml.safe_load(text)
+    rules = [r for g in doc["groups"] for r in g["rules"]]
+    names = sorted({r["record"] for r in rules}, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
+    for r in rules:
+        r["record"] = prefix + r["record"]
+        r["expr"] = pattern.sub(lambda m: prefix + m.group(1), r["expr"])
+    out = {"groups": [{**doc["groups"][0], "name": group, "rules": rules}]}
+    return yaml.safe_dump(out, sort_keys=False, width=1000)
+
+
+def _also(spec: str) -> tuple[str, str]:
+    """``NAME=FILE`` of --also: a group name and the rule file's text."""
+    name, eq, path = spec.partition("=")
+    if not eq or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE with a lower-case NAME, got {spec!r}")
+    return name, Path(path).read_text()
+
+
 def _epoch(rfc3339: str) -> float:
     from datetime import datetime
 
@@ -262,12 +289,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ours-only-above", type=int, default=0,
                    help="sizes above this run our bundle alone, without the TKE inputs and the seed's group "
                         "(0: never); for a size both cannot fit in memory")
+    p.add_argument("--also", type=_also, action="append", default=[], metavar="NAME=FILE",
+                   help="another rule file evaluated beside the bundles as group NAME, its records renamed "
+                        "NAME:<record> (e.g. an earlier bundle, for a same-run before/after)")
+    p.add_argument("--also-up-to", type=int, default=1000, help="sizes up to which --also groups run")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "kge-rule-cost")
     args = p.parse_args(argv)
     sizes = sorted({int(s) for s in args.nodes.split(",") if s.strip()})
     fleet = build_fleet(max(sizes), args.seed)
-    report: dict[str, Any] = {"machine": machine(), "config": {**{k: str(v) for k, v in vars(args).items()},
-                                                              "sizes": sizes, "seed_prefix": PREFIX}, "runs": []}
+    config = {**{k: str(v) for k, v in vars(args).items() if k != "also"}, "also": [n for n, _ in args.also]}
+    report: dict[str, Any] = {"machine": machine(), "config": {**config, "sizes": sizes, "seed_prefix": PREFIX},
+                              "runs": []}
     runs = [("rules", n) for n in sizes] + [("full", n) for n in sizes if n <= args.full_up_to]
     rendered: dict[str, list[list[Family]]] = {}
     args.out.mkdir(parents=True, exist_ok=True)
