@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -67,7 +66,6 @@ def _api(base: str, path: str) -> dict:
 @needs_prometheus
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_demo_records_the_truth_and_stops_everything(tmp_path: Path, sig: signal.Signals) -> None:
-    start = time.monotonic()
     ports = [free_port() for _ in range(5)]
     env = dict(os.environ)
     env.update(
@@ -140,10 +138,11 @@ def test_demo_records_the_truth_and_stops_everything(tmp_path: Path, sig: signal
         assert any("prometheus" in c for c in children) and sum("--simulate" in c for c in children) == 3, children
 
         proc.send_signal(sig)
-        assert proc.wait(timeout=20) == 128 + sig, log.read_text()
+        # It stops in well under a second; the bound only tells a hang from a machine under load
+        # (a CI run beside a 12 GiB Prometheus once took more than 20 s).
+        assert proc.wait(timeout=60) == 128 + sig, log.read_text()
         left = poll(lambda: not session_processes(proc.pid), 15, 0.2)
         assert left, session_processes(proc.pid)
-        assert time.monotonic() - start < 60
     finally:
         if proc.poll() is None or session_processes(proc.pid):
             with contextlib.suppress(ProcessLookupError):
