@@ -81,8 +81,14 @@ def test_demo_records_the_truth_and_stops_everything(tmp_path: Path, sig: signal
     if installed.exists():
         env["DEMO_EXPORTER"] = str(installed)
     log = tmp_path / "run-demo.out"
+    # Through a trampoline that sets SIGINT back to its default: a suite started in the background of
+    # a non-interactive shell (`cmd &`) inherits SIGINT ignored, and bash cannot trap a signal ignored
+    # at its entry; as from a terminal, the demo must start with Ctrl-C live.
+    reset = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+             "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); os.execv(sys.argv[1], sys.argv[1:])")
     proc = subprocess.Popen(
-        [BASH, str(SCRIPT)], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        [sys.executable, "-c", reset, BASH, str(SCRIPT)], cwd=ROOT, env=env, stdout=log.open("w"),
+        stderr=subprocess.STDOUT, start_new_session=True,
     )
     prom = f"http://127.0.0.1:{ports[3]}"
     nodes, gpus, memory = truth(SCENARIOS)
