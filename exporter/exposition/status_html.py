@@ -91,14 +91,31 @@ def _gpu_row(g: Mapping[str, Any]) -> list[str]:
     if g["power_limit_watts"] is not None:
         power += f" / {esc(g['power_limit_watts'])}&nbsp;W"
     temp = esc(g["temperature_celsius"]) + "&nbsp;&deg;C" if g["temperature_celsius"] is not None else "&ndash;"
+    energy = "&ndash;" if g.get("energy_joules") is None else f"{g['energy_joules'] / 3.6e6:.2f}&nbsp;kWh"
     return [
         f"<code>{esc(g['uuid'])}</code>", esc(g["model"]), esc(g["minor"]),
         _flag(g["state"] == "up", "up", "lost"), esc(g["allocate_mode"]), _pct(g["utilization_percent"]),
-        f"{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}", power, temp,
+        f"{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}", power, temp, energy, _health(g),
     ]
 
 
-GPU_HEADERS = ("UUID", "Model", "Minor", "State", "Mode", "Util", "Memory", "Power", "Temp")
+GPU_HEADERS = ("UUID", "Model", "Minor", "State", "Mode", "Util", "Memory", "Power", "Temp", "Energy", "Health")
+
+
+def _health(g: Mapping[str, Any]) -> str:
+    """Row remapping that needs an operator (reset, replace), then the clocks event reasons active."""
+    parts = []
+    rows = g.get("remapped_rows") or {}
+    if rows.get("failure"):
+        parts.append('<span class="bad">row remap failed: replace the GPU</span>')
+    elif rows.get("pending"):
+        parts.append('<span class="bad">row remap pending: reset the GPU</span>')
+    reasons = [r for r in g.get("clocks_event_reasons") or () if r != "gpu_idle"]  # idle clocks are no news
+    if reasons:
+        parts.append("clocks held: " + ", ".join(esc(r) for r in reasons))
+    if not parts and g.get("clocks_event_reasons") is None and not rows:
+        return "&ndash;"  # NVML told nothing
+    return "; ".join(parts) or '<span class="ok">ok</span>'
 
 
 def _containers(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -137,7 +154,7 @@ def _device(g: Mapping[str, Any], mig: bool = False) -> str:
     title = f"MIG {esc(g['mig']['profile'])} (GI {esc(g['mig']['gpu_instance_id'])})" if mig else (
         f"GPU {esc(g['minor'])}: {esc(g['model'])}")
     parts = [f'<section class="{"gpu mig" if mig else "gpu"}"><h2>{title}</h2>',
-             _table(GPU_HEADERS, [_gpu_row(g)], frozenset({5, 6, 7, 8})),
+             _table(GPU_HEADERS, [_gpu_row(g)], frozenset({5, 6, 7, 8, 9})),
              _containers(g["containers"]) if g["containers"] or not g.get("instances") else "",
              _unaccounted(g["unaccounted"]), _xids(g["xids"], g["last_xid_at"])]
     parts += [_device(i, mig=True) for i in g.get("instances", ())]
