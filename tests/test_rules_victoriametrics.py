@@ -10,30 +10,19 @@ recorded series must equal the hand-computed value that Prometheus is held to.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import yaml
 
 from exporter.bundle.rules import RuleOptions, render_rules
-from tests.federation_support import force_flush
-from tests.prom_support import free_port, stop, wait_for
+from tests.federation_support import force_flush, start
+from tests.prom_support import free_port, stop
 from tests.test_rules_e2e import Target, expected_cluster_rendering, exporters, public_records, wait_recorded
 
 __all__ = ["exporters"]  # the module-scoped fixture, shared with the Prometheus test
 
 VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
 VMALERT = shutil.which("vmalert") or "/usr/bin/vmalert"
-
-
-def _start(argv: list[str], log: Path, health: str, what: str) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(health, proc, what)
-    except BaseException:
-        stop(proc)
-        raise
-    return proc
 
 
 def test_cluster_rendering_on_victoriametrics(exporters: list[Target], tmp_path: Path) -> None:
@@ -49,14 +38,14 @@ def test_cluster_rendering_on_victoriametrics(exporters: list[Target], tmp_path:
     (tmp_path / "scrape.yml").write_text(yaml.safe_dump(scrape))
     vm_port, vmalert_port = free_port(), free_port()
     vm = f"http://127.0.0.1:{vm_port}"
-    procs = [_start([
+    procs = [start([
         VICTORIA, f"-storageDataPath={tmp_path / 'vm-data'}", f"-httpListenAddr=127.0.0.1:{vm_port}",
         f"-promscrape.config={tmp_path / 'scrape.yml'}", "-retentionPeriod=1d",
         # serve the newest samples at once: the default hides the last 30 s from queries
         "-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=WARN",
     ], tmp_path / "victoria-metrics.log", f"{vm}/health", "victoria-metrics")]
     try:
-        procs.append(_start([
+        procs.append(start([
             VMALERT, f"-rule={tmp_path / 'rules.yaml'}", f"-datasource.url={vm}", f"-remoteWrite.url={vm}",
             f"-httpListenAddr=127.0.0.1:{vmalert_port}", "-evaluationInterval=1s",
             "-remoteWrite.flushInterval=200ms", "-loggerLevel=WARN",
