@@ -182,6 +182,12 @@ def object_metadata(
     return meta
 
 
+def prometheus_rule(metadata: Mapping[str, object], groups: Sequence[object]) -> dict[str, object]:
+    """A ``monitoring.coreos.com/v1`` PrometheusRule holding ``groups``, for :func:`dump_yaml`."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": dict(metadata),
+            "spec": {"groups": list(groups)}}
+
+
 def metadata_args(namespace: str | None, labels: Mapping[str, str] | None) -> list[str]:
     """The ``--namespace`` and ``--label`` flags that reproduce an object's metadata."""
     args = [f"--namespace={namespace}"] if namespace else []

@@ -26,6 +26,7 @@ from exporter.bundle.common import (
     dump_yaml,
     metadata_args,
     object_metadata,
+    prometheus_rule,
     with_k8s_labels,
 )
 from exporter.bundle.rules import RuleOptions, RuleOptionsError, render_rules
@@ -216,6 +217,5 @@ def render_global_prometheusrule(
     meta = object_metadata(name, namespace, labels, RuleOptionsError)
     args = ["--tier=global", "--format=prometheusrule", *opts.to_args(), f"--name={name}",
             *metadata_args(namespace, labels)]  # fmt: skip
-    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
-           "spec": {"groups": [group]}}  # fmt: skip
+    doc = prometheus_rule(meta, [group])
     return _header(args) + dump_yaml(doc)

@@ -22,6 +22,7 @@ from exporter.bundle.common import (
     metadata_args,
     object_metadata,
     parse_key_values,
+    prometheus_rule,
     rule_file_main,
 )
 
@@ -81,8 +82,7 @@ def render_prometheusrule(
     """Return the alerts wrapped in a ``monitoring.coreos.com/v1`` PrometheusRule object."""
     groups = _groups(opts)
     meta = object_metadata(name, namespace, labels, AlertOptionsError)
-    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": meta,
-           "spec": {"groups": groups}}  # fmt: skip
+    doc = prometheus_rule(meta, groups)
     args = ["--format=prometheusrule", *opts.to_args()]
     if name != "kube-gpu-exporter-alerts":
         args.append(f"--name={name}")
