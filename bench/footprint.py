@@ -31,7 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import NVITOP_CYCLE, OURS_CYCLE, cpu_seconds, machine, memory, summary  # noqa: E402
+from bench.proc import cpu_seconds, memory  # noqa: E402
+from bench.run import NVITOP_CYCLE, OURS_CYCLE, machine, summary  # noqa: E402
 from tests.integration_support import (  # noqa: E402
     ExporterProcess,
     exporter_node,

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.proc import memory
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
@@ -106,12 +108,7 @@ class Prometheus:
 
     def rss(self) -> dict[str, int]:
         """VmRSS and VmHWM (peak) of the server process, in bytes."""
-        out = {}
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out["rss_bytes" if key == "VmRSS" else "peak_rss_bytes"] = int(rest.split()[0]) * 1024
-        return out
+        return memory(self.proc.pid)
 
     def quiesce(self) -> float:
         """Reload without targets and rules (SIGHUP): nothing scrapes or evaluates any more.

@@ -30,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: tests.* are the harness
 
+from bench.proc import cpu_seconds, memory  # noqa: E402
 from tests.fake_nvml import build_fake_nvml, subprocess_env, write_config  # noqa: E402
 from tests.integration_support import (  # noqa: E402
     ExporterProcess,
@@ -42,7 +43,6 @@ from tests.integration_support import (  # noqa: E402
 )
 
 OURS, PEER = "kube-gpu-exporter", "nvitop-exporter"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Times our whole sampling cycle (Pipeline.step: NVML, /proc, pods, attribution, snapshot) in a
 # process built from the exporter's own flags; the self-metric covers only the NVML reads.
@@ -96,20 +96,6 @@ def summary(values: Sequence[float]) -> dict[str, float]:
             "max": max(values), "n": len(values)}
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/<pid>/stat (fields 14 and 15, after the comm)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def memory(pid: int) -> dict[str, int]:
-    """Resident set size now and at its peak, in bytes (VmRSS, VmHWM)."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out["rss_bytes" if key == "VmRSS" else "peak_rss_bytes"] = int(rest.split()[0]) * 1024
-    return out
 
 
 def scrape_series(exporter: ExporterProcess, n: int) -> tuple[list[float], list[int], str]:
