@@ -229,10 +229,9 @@ def mig_devices(card: DeviceSample, n: int, profile: str = "1g.10gb") -> tuple[D
                  for j in range(n))
 
 
-def nvlink_series(*devices: DeviceSample, nvlink: bool = True) -> dict[tuple[str, frozenset], float]:
+def nvlink_series(*devices: DeviceSample) -> dict[tuple[str, frozenset], float]:
     """(family, labels) -> value of the NVLink series the exporter renders for ``devices``."""
-    families = build_families(EMPTY_ATTR, NodeSample(1.0, tuple(devices)), NODE, LabelNames(), ExporterStats(),
-                              nvlink=nvlink)
+    families = build_families(EMPTY_ATTR, NodeSample(1.0, tuple(devices)), NODE, LabelNames(), ExporterStats())
     return {(smp.name, frozenset(smp.labels.items())): smp.value
             for fam in text_string_to_metric_families(render(families).decode()) for smp in fam.samples
             if fam.name in NVLINK_FAMILIES}
@@ -279,10 +278,13 @@ def test_two_mig_cards_and_a_whole_gpu() -> None:
 
 
 def test_no_nvlink_family_without_nvlink_metrics() -> None:
+    """With --no-nvlink-metrics the backends read no links (tests/test_nvml_health.py,
+    tests/test_simulate_health.py): the same devices without links render every family but NVLink."""
     card = replace(DEVICE, health=replace(HEALTH, nvlinks=H100_LINKS))
     devices = (*mig_devices(card, 7), replace(card, index=1, uuid="GPU-1", minor_number=1))
-    assert nvlink_series(*devices, nvlink=False) == {}
-    fams = {f.name for f in health_families(devices, NODE, nvlink=False)}
+    unlinked = tuple(replace(d, health=replace(d.health, nvlinks=())) for d in devices)
+    assert nvlink_series(*unlinked) == {}
+    fams = {f.name for f in health_families(unlinked, NODE)}
     assert not {f for f in fams if "nvlink" in f}
     assert fams == {f.name for f in health_families(devices, NODE)} - set(NVLINK_FAMILIES)
 

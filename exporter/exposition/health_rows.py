@@ -123,11 +123,11 @@ def card_name(d: DeviceSample) -> str:
     return head if sep and head else d.name
 
 
-def health_families(devices: Iterable[DeviceSample], node: str, *, nvlink: bool = True) -> list[Metric]:
+def health_families(devices: Iterable[DeviceSample], node: str) -> list[Metric]:
     """The health families of every device (MIG devices under their own uuid), in a stable order.
 
-    NVLink rows are the physical card's: once per MIG card, under the card's uuid; none at all
-    without ``nvlink`` (``--no-nvlink-metrics``).
+    NVLink rows are the physical card's: once per MIG card, under the card's uuid. With
+    ``--no-nvlink-metrics`` the backends read no links, so there are none to render.
     """
     b = _Builder()
     linked: set[str] = set()  # MIG cards whose NVLink rows are out
@@ -136,13 +136,12 @@ def health_families(devices: Iterable[DeviceSample], node: str, *, nvlink: bool 
         lbl = [node, d.uuid, minor, d.name]
         _scalars(b, d, lbl)
         _reasons(b, d.clocks_event_reasons, lbl)
-        if nvlink:
-            if d.parent_uuid is None:
-                _nvlinks(b, d.health, lbl)
-            elif d.parent_uuid not in linked:
-                _nvlinks(b, d.health, [node, d.parent_uuid, minor, card_name(d)])
-                if d.health.nvlinks:  # a MIG device read without values leaves the links to the next
-                    linked.add(d.parent_uuid)
+        if d.parent_uuid is None:
+            _nvlinks(b, d.health, lbl)
+        elif d.parent_uuid not in linked:
+            _nvlinks(b, d.health, [node, d.parent_uuid, minor, card_name(d)])
+            if d.health.nvlinks:  # a MIG device read without values leaves the links to the next
+                linked.add(d.parent_uuid)
         _gpm(b, d.health, lbl)
     return b.result()
 

@@ -86,11 +86,9 @@ def _add(fam: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value:
 
 def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: LabelNames,
                    stats: ExporterStats, per_process: bool = False,
-                   pod_labels: PodLabelAllowlist = NO_POD_LABELS, usage: UsageCounters | None = None,
-                   nvlink: bool = True) -> list[Metric]:
+                   pod_labels: PodLabelAllowlist = NO_POD_LABELS, usage: UsageCounters | None = None) -> list[Metric]:
     """All families for one snapshot, in a stable order; ``pod_labels`` picks the pod labels on pod_info,
-    ``usage`` the per-container counters carried across cycles (none: no counter rows), ``nvlink``
-    whether the NVLink families are exported (``--nvlink-metrics``)."""
+    ``usage`` the per-container counters carried across cycles (none: no counter rows)."""
     f = _Families()
     row_labels = ["allocate_mode", names.container, "minor_number", "name", names.namespace,
                   "node_name", names.pod, "uuid"]
@@ -134,7 +132,7 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
     if sample.nvml_up:
         _node_families(f, sample, node)
     _pod_info(f, attr.pods, node, names, pod_labels)
-    _device_families(f, sample, node, nvlink)
+    _device_families(f, sample, node)
     _process_families(f, attr.devices, node, names, per_process)
     if usage is not None:
         f.extend(usage_families(usage, node, names))
@@ -202,7 +200,7 @@ def _pod_info(f: _Families, pods: Iterable[PodInfo], node: str, names: LabelName
             fam.add_metric(values, 1)
 
 
-def _device_families(f: _Families, sample: NodeSample, node: str, nvlink: bool = True) -> None:
+def _device_families(f: _Families, sample: NodeSample, node: str) -> None:
     base = ["node_name", "uuid", "minor_number", "name"]
     info = f.gauge("nvidia_gpu_info", "GPU device information", [*base, "pci_bus_id", "driver_version"])
     up = f.gauge("nvidia_gpu_up", "1 unless NVML reported the GPU lost", base)
@@ -233,7 +231,7 @@ def _device_families(f: _Families, sample: NodeSample, node: str, nvlink: bool =
                 f.gauge(name, doc, base).add_metric(lbl, value * scale)
         _add(ecc, [*lbl, "corrected"], d.ecc_corrected_total)
         _add(ecc, [*lbl, "uncorrected"], d.ecc_uncorrected_total)
-    f.extend(health_families(sample.devices, node, nvlink=nvlink))
+    f.extend(health_families(sample.devices, node))
 
 
 def _process_families(f: _Families, devices: Iterable[DeviceAttribution], node: str, names: LabelNames,

@@ -111,7 +111,6 @@ class Pipeline:
         pod_claims: Callable[[], Mapping[str, PodClaims]] = dict,
         dcgm_compat: bool = False,
         last_xid: Callable[[], Mapping[str, tuple[float, int]] | None] = lambda: None,
-        nvlink: bool = True,
     ) -> None:
         self.backend = backend
         self.proc = proc
@@ -132,8 +131,6 @@ class Pipeline:
         # --dcgm-compat: dcgm-exporter's DCGM_FI_* series too; last_xid: uuid -> (time, Xid), None without a watcher
         self.dcgm_compat = dcgm_compat
         self.last_xid = last_xid
-        # --nvlink-metrics: the NVLink families (per link; a MIG card's once, on the card)
-        self.nvlink = nvlink
         self.samples_total = 0
         self.failures_total = 0
         self._skips: dict[str, int] = {}
@@ -177,7 +174,7 @@ class Pipeline:
         if sample.duration_seconds == 0.0:
             sample = replace(sample, duration_seconds=time.monotonic() - started)
         families = build_families(attr, sample, self.node_name, self.names, stats, self.per_process,
-                                  self.pod_labels, usage=self.usage, nvlink=self.nvlink)
+                                  self.pod_labels, usage=self.usage)
         families += self.extra_families()
         if self.dcgm_compat:
             families += dcgm_families(attr, sample, self.node_name, self.last_xid())

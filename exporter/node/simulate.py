@@ -350,7 +350,7 @@ class SimulatedBackend:
         self._scenario = scenario
         self._clock = clock
         self._tick = 0
-        self._nvlink = nvlink
+        self.nvlink = nvlink  # --nvlink-metrics
 
     def sample(self) -> NodeSample:
         self._tick += 1
@@ -362,7 +362,7 @@ class SimulatedBackend:
             # Cycle 1 reads the configured energy, as from the fake NVML, where every call before
             # the utilization probe of cycle k sees tick k - 1.
             health = energy_at(sd.sample.health, sd.sample.power_usage_milliwatts, self._tick - 1)
-            if not self._nvlink and health.nvlinks:
+            if not self.nvlink and health.nvlinks:
                 health = replace(health, nvlinks=())
             if "process_utilization" in sd.not_supported:
                 devices.append(replace(sd.sample, health=health, util_samples_ok=False))

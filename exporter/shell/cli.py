@@ -132,8 +132,7 @@ def build_daemon(cfg: Config) -> Daemon:
                         cfg.per_process_metrics, node_capacity=node_capacity,
                         pod_labels=parse_allowlist(cfg.pod_labels_allowlist),  # validated by load_config
                         resource_slices=dra.resource_slices, resource_claims=dra.resource_claims,
-                        pod_claims=dra.pod_claims, dcgm_compat=cfg.dcgm_compat, last_xid=xid_families.last_xid,
-                        nvlink=cfg.nvlink_metrics)
+                        pod_claims=dra.pod_claims, dcgm_compat=cfg.dcgm_compat, last_xid=xid_families.last_xid)
     monitor = CycleMonitor(pipeline, ready_without_nvml=cfg.ready_without_nvml,
                            pod_watch=cfg.pod_watch and not cfg.simulate, xid_stats=xid_families.stats)
     # After the Xid watcher's start: the summary tells whether it reads the kernel log.

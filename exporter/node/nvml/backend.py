@@ -72,6 +72,7 @@ class NvmlBackend:
         self._errors = CallErrors()
         self._identity = IdentityReader(self._errors)
         self._fields = FieldReader(self._errors)
+        self.nvlink = nvlink  # --nvlink-metrics: read NVLink at all
         self._health = HealthReader(self._errors, nvlink=nvlink)
 
     @property
