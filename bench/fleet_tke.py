@@ -20,13 +20,13 @@ So where the two bundles disagree, the rules do, not their inputs.
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 
 import yaml
 
 from bench.fleet_model import MIB, Node
 from bench.fleet_render import Family, Sample, pod_uid, with_labels
+from bench.prom import renamed_rules
 
 SEED_RULES = Path(__file__).resolve().parent / "data" / "tke_seed_rules.yaml"
 PREFIX = "tke:"
@@ -128,11 +128,8 @@ def seed_rule_file(prefix: str = PREFIX, group: str = "tke-seed") -> str:
     ...): renamed, neither reads the other's output. Nothing else changes.
     """
     doc = yaml.safe_load(SEED_RULES.read_text())
-    names = sorted(seed_records(), key=len, reverse=True)
-    pattern = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
+    rules = renamed_rules([r for g in doc["groups"] for r in g["rules"]], prefix)
     for g in doc["groups"]:
         g["name"] = group
-        for r in g["rules"]:
-            r["record"] = prefix + r["record"]
-            r["expr"] = pattern.sub(lambda m: prefix + m.group(1), r["expr"])
+        g["rules"], rules = rules[:len(g["rules"])], rules[len(g["rules"]):]
     return yaml.safe_dump(doc, sort_keys=False, width=1000)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import signal
 import socket
@@ -12,6 +13,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +146,15 @@ class Prometheus:
     def groups(self) -> dict[str, dict[str, Any]]:
         """/api/v1/rules by group name: lastEvaluation, evaluationTime, rules (name, evaluationTime, health)."""
         return {g["name"]: g for g in self.api("rules")["groups"]}
+
+
+def renamed_rules(rules: Sequence[Mapping[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """Recording rules with every record, and every reference to one in their expressions, prefixed.
+
+    Two bundles that record the same names can then run in one Prometheus without either reading
+    the other's output.
+    """
+    names = sorted({r["record"] for r in rules}, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
+    return [{**r, "record": prefix + r["record"], "expr": pattern.sub(lambda m: prefix + m[1], r["expr"])}
+            for r in rules]

@@ -38,7 +38,7 @@ from bench.fleet_model import Node, build_fleet
 from bench.fleet_render import Family, rule_inputs
 from bench.fleet_serve import FleetServer
 from bench.fleet_tke import PREFIX, seed_rule_file
-from bench.prom import Prometheus, http
+from bench.prom import Prometheus, http, renamed_rules
 from bench.rule_compare import compare
 from bench.rule_cost_report import OURS_GROUP, SEED_GROUP, machine, markdown, scaling
 from exporter.bundle.rules import RuleOptions, render_rules
@@ -248,12 +248,7 @@ def _replay(prom: Prometheus, texts: dict[str, str], reps: int) -> dict[str, Any
 def renamed_rule_file(text: str, prefix: str, group: str) -> str:
     """A rule file as one group ``group``, every recorded name renamed ``<prefix><name>`` in records and exprs."""
     doc = yaml.safe_load(text)
-    rules = [r for g in doc["groups"] for r in g["rules"]]
-    names = sorted({r["record"] for r in rules}, key=len, reverse=True)
-    pattern = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
-    for r in rules:
-        r["record"] = prefix + r["record"]
-        r["expr"] = pattern.sub(lambda m: prefix + m.group(1), r["expr"])
+    rules = renamed_rules([r for g in doc["groups"] for r in g["rules"]], prefix)
     out = {"groups": [{**doc["groups"][0], "name": group, "rules": rules}]}
     return yaml.safe_dump(out, sort_keys=False, width=1000)
 

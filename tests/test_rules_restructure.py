@@ -34,7 +34,7 @@ from bench.fleet import render_fleet, scrape_configs
 from bench.fleet_model import KINDS, Node, build_block
 from bench.fleet_render import rule_inputs
 from bench.fleet_serve import CONTENT_TYPE, FleetServer, shards
-from bench.prom import Prometheus, http
+from bench.prom import Prometheus, http, renamed_rules
 from exporter.bundle.rules import RuleOptions, render_rules
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,8 +87,7 @@ def renamed(text: str, tag: str) -> list[dict[str, str]]:
     (group,) = yaml.safe_load(text)["groups"]
     names = sorted((r["record"] for r in group["rules"]), key=len, reverse=True)
     name = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
-    rules = [{"record": tag + r["record"], "expr": name.sub(lambda m: tag + m[1], r["expr"])}
-             for r in group["rules"]]
+    rules = [{"record": r["record"], "expr": r["expr"]} for r in renamed_rules(group["rules"], tag)]
     assert not any(name.search(r["expr"]) for r in rules)  # no reference left unrenamed
     return rules
 
