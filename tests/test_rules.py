@@ -246,22 +246,62 @@ K8S_COPIES = {
     "k8s_workload_": ["namespace"],
     "k8s_namespace_": ["namespace"],
 }
+# Per-node and cluster-wide divisors, read on the right of a `group_left ()` (which adds no label).
+DIVISORS = {"nvidia_gpu_num_devices", "nvidia_gpu_node_memory_total_bytes", "kube_node_status_allocatable_gpu",
+            "kube_node_status_allocatable_gpu_memory_bytes"}
+_SERIES_RE = re.compile(r"(?<![\w:])(nvidia_gpu_\w+|k8s_\w+|kube_node_\w+|[a-z_]+:[\w:]+)(?![\w:])")
 
 
-def test_kube_prometheus_stack_labels_are_copied_after_aggregation() -> None:
-    """namespace/pod/container: copied from the exporter's labels around the whole rule, never grouped by."""
+def _copies(record: str) -> list[str]:
+    return next((names for prefix, names in K8S_COPIES.items() if record.startswith(prefix)), [])
+
+
+def test_kube_prometheus_stack_labels_come_from_the_exporters_labels() -> None:
+    """namespace/pod/container: copied from the exporter's labels around the whole rule, or kept from
+    recorded series of the bundle that carry those copies; never taken from a raw series.
+
+    A rule either copies its level's labels outermost (after every aggregation) and names none of
+    them in a ``by``/``on``/``group_left``, or reads only recorded series that carry them (plus
+    divisors joined with ``group_left ()``) and, where it aggregates, groups by all of them. The
+    values are proven in a real Prometheus with the exporter pod's own labels on every target
+    (tests/test_rules_restructure.py)."""
+    kept = 0
     for rule in _rules((RULES / "kube-gpu-exporter.rules.yaml").read_text()):
         record, expr = rule["record"], rule["expr"]
-        want = next((names for prefix, names in K8S_COPIES.items() if record.startswith(prefix)), [])
+        want = _copies(record)
         copies = _COPY_RE.findall(expr)
-        assert copies == [(name, f"{name}_name") for name in want], record
-        assert expr.startswith("label_replace(" * len(want)), record  # outermost: after every aggregation
-        for clause in re.findall(r"\b(?:by|on|group_left) \(([^)]*)\)", expr):
-            assert not {"namespace", "pod", "container"} & {s.strip() for s in clause.split(",")}, record
+        clauses = [{s.strip() for s in c.split(",")} for c in re.findall(r"\b(?:by|on|group_left) \(([^)]*)\)", expr)]
+        if copies or not want:
+            assert copies == [(name, f"{name}_name") for name in want], record
+            assert expr.startswith("label_replace(" * len(want)), record  # outermost: after every aggregation
+            for clause in clauses:
+                assert not {"namespace", "pod", "container"} & clause, record
+            continue
+        kept += 1
+        read = set(_SERIES_RE.findall(expr))
+        carriers = {n for n in read if set(want) <= set(_copies(n))}
+        assert carriers, f"{record}: no copies and reads no series carrying them"
+        for name in read - carriers:
+            assert name in DIVISORS, f"{record} reads {name}, which does not carry the copies"
+            assert expr.index("group_left ()") < expr.index(name), f"{record}: {name} is not a divisor"
+        for clause in clauses:
+            assert not clause & {"namespace", "pod", "container"} or set(want) <= clause, record
+        # a one-to-one `on (...)` keeps only the labels it lists; `group_left` keeps the left side's
+        assert not re.search(r"\bon \([^)]*\) (?!group_left)", expr), record
+    assert kept >= 10  # ratios, pod sums of containers, workload sums of pods
     # a name a label option already has is not copied (nor is another dimension overwritten)
     text = render_rules(RuleOptions(namespace_label="namespace", container_label="pod"))
     assert set(_COPY_RE.findall(text)) == {("container", "pod")}
     assert not _COPY_RE.findall((RULES / "tests/rendered/custom-cluster.rules.yaml").read_text())
+
+
+def test_the_label_check_catches_a_copy_taken_from_a_raw_series() -> None:
+    """The check above fails a rule that groups a raw row by the scrape's own ``namespace``."""
+    bad = [{"record": "k8s_pod_gpu_used", "expr": "sum by (node_name, namespace_name, pod_name, namespace, pod) "
+            "(nvidia_gpu_duty_cycle)"}]
+    read = set(_SERIES_RE.findall(bad[0]["expr"]))
+    assert read == {"nvidia_gpu_duty_cycle"}
+    assert not {n for n in read if set(_copies(bad[0]["record"])) <= set(_copies(n))}
 
 
 # ------------------------------------------------------------------ promtool

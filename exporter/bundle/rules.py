@@ -33,6 +33,14 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
 LEVELS: tuple[str, ...] = ("container", "pod", "node", "workload", "namespace", "cluster")
 DEVICE_ROWS = 'allocate_mode=~"exclusive|None"'  # exactly one row per GPU: the device totals
 # The helper series: per container, the inputs of the container, pod, workload and namespace rules.
+# The families with one row per attributed container (and GPU): where the helpers find every pod.
+POD_ROWS = (
+    "nvidia_gpu_duty_cycle",
+    "nvidia_gpu_allocated_compute_percent",
+    "nvidia_gpu_allocated_memory_bytes",
+    "nvidia_gpu_container_busy_seconds_total",
+    "nvidia_gpu_container_energy_joules_total",
+)
 HELPERS = {
     "info": "namespace_workload_pod:nvidia_gpu_pod_info:dedup",
     "duty": "node_namespace_pod_container:nvidia_gpu_duty_cycle:sum",
@@ -110,6 +118,11 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "CARD": [*cl, node, "uuid", "minor_number"],
         "PCARD": [*cl, node, ns, pod, "uuid", "minor_number"],
     }
+    k8s = {level: opts.k8s_labels(level) for level in K8S_LEVELS}
+    # A sum of recorded series that carry the copies keeps them by grouping by them (cheaper
+    # than copying again: a label_replace costs about what the sum does).
+    keys["PWK"] = [*keys["PW"], *(name for name, _ in k8s["pod"])]
+    keys["WK"] = [*keys["W"], *(name for name, _ in k8s["namespace"])]
     L = {k: ", ".join(v) for k, v in keys.items()}
     by = {k: _by(v) for k, v in keys.items()}
     levels = set(opts.levels)
@@ -128,8 +141,13 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         "D": divisors,
         "SEL": {"container": 'allocate_mode=~"exclusive|share"', "device": DEVICE_ROWS, "attributed": f'{pod}!=""'},
         "RW": opts.rate_window,
+        "POD_ROWS": POD_ROWS,
         # namespace/pod/container copied from the exporter's labels at the end of each rule of a level
-        "K8S": {level: opts.k8s_labels(level) for level in K8S_LEVELS},
+        # that computes them; a rule reading recorded series of the bundle keeps theirs instead
+        "K8S": k8s,
+        # the copies a pod or workload sum makes: none when it sums the recorded series below it
+        "K8S_SUM": {"pod": () if "container" in levels else k8s["pod"],
+                    "workload": () if levels & {"pod", "container"} else k8s["namespace"]},
         # helper series are emitted only when a selected level reads them
         "need_info": bool(levels & {"container", "pod", "workload"}),
         "need_usage": bool(levels & {"container", "pod", "workload", "namespace"}),
