@@ -148,13 +148,24 @@ class Prometheus:
         return {g["name"]: g for g in self.api("rules")["groups"]}
 
 
+def _records_pattern(rules: Sequence[Mapping[str, Any]]) -> re.Pattern[str]:
+    """A reference to any of ``rules``' records as a whole name (longest first: no prefix match)."""
+    names = sorted({r["record"] for r in rules}, key=len, reverse=True)
+    return re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
+
+
+def rule_reads(rules: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """For each record, the records of ``rules`` its expression reads."""
+    pattern = _records_pattern(rules)
+    return {r["record"]: sorted(set(pattern.findall(r["expr"])) - {r["record"]}) for r in rules}
+
+
 def renamed_rules(rules: Sequence[Mapping[str, Any]], prefix: str) -> list[dict[str, Any]]:
     """Recording rules with every record, and every reference to one in their expressions, prefixed.
 
     Two bundles that record the same names can then run in one Prometheus without either reading
     the other's output.
     """
-    names = sorted({r["record"] for r in rules}, key=len, reverse=True)
-    pattern = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
+    pattern = _records_pattern(rules)
     return [{**r, "record": prefix + r["record"], "expr": pattern.sub(lambda m: prefix + m[1], r["expr"])}
             for r in rules]

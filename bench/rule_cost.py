@@ -38,7 +38,7 @@ from bench.fleet_model import Node, build_fleet
 from bench.fleet_render import Family, rule_inputs
 from bench.fleet_serve import FleetServer
 from bench.fleet_tke import PREFIX, seed_rule_file
-from bench.prom import Prometheus, http, renamed_rules
+from bench.prom import Prometheus, http, renamed_rules, rule_reads
 from bench.rule_compare import compare
 from bench.rule_cost_report import OURS_GROUP, SEED_GROUP, machine, markdown, scaling
 from exporter.bundle.rules import RuleOptions, render_rules
@@ -195,6 +195,8 @@ def run_size(nodes: Sequence[Node], exporter: Sequence[list[Family]], profile: s
                                    "window_seconds": dt, "load_average_after": os.getloadavg()},
                     "recorded_series": {g: _count(prom, _records(text)) for g, text in zip(groups, rules.values(),
                                                                                          strict=True)},
+                    # which of our records each of ours reads: the helpers an equivalent series costs
+                    "rule_reads": rule_reads(yaml.safe_load(rules["ours.rules.yaml"])["groups"][0]["rules"]),
                 }
                 slowest = max([interval] + [e["seconds"] for g in groups for e in evals[g]])
                 compared = args.seed_group and not args.no_compare

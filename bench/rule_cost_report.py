@@ -69,18 +69,32 @@ def scaling(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def equivalent(run: dict[str, Any]) -> dict[str, Any]:
-    """The series both bundles record: rule time (ours: plus its helpers) and series, per bundle.
+def _helpers_read(reads: dict[str, list[str]], names: Sequence[str]) -> list[str]:
+    """The helper records (``a:b:c``) that ``names`` read, directly or through other records."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        for dep in reads.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return sorted(n for n in seen if ":" in n)
 
-    Times from the group evaluations (medians) and, when the run has one, from the idle replay.
+
+def equivalent(run: dict[str, Any]) -> dict[str, Any]:
+    """The series both bundles record: rule time (ours: plus the helpers they read) and series, per bundle.
+
+    Times from the group evaluations (medians) and, when the run has one, from the idle replay. A
+    run without ``rule_reads`` (older JSON) counts every helper.
     """
     ours_rules = run["groups"][OURS_GROUP]["rule_seconds_median"]
     seed_rules = run["groups"][SEED_GROUP]["rule_seconds_median"]
     shared = sorted(n for n in ours_rules if PREFIX + n in seed_rules)
-    helpers = [n for n in ours_rules if ":" in n]
+    helpers = (_helpers_read(run["rule_reads"], shared) if "rule_reads" in run
+               else [n for n in ours_rules if ":" in n])
     ours_n = sum(run["recorded_series"][OURS_GROUP][n] for n in shared)
     seed_n = sum(run["recorded_series"][SEED_GROUP][PREFIX + n] for n in shared)
-    out = {"names": len(shared), "ours_series": ours_n, "seed_series": seed_n}
+    out = {"names": len(shared), "helpers": helpers, "ours_series": ours_n, "seed_series": seed_n}
     sources = {"eval": (ours_rules, seed_rules)}
     if SEED_GROUP in run.get("replay", {}):
         sources["replay"] = (run["replay"][OURS_GROUP]["rule_seconds"], run["replay"][SEED_GROUP]["rule_seconds"])
@@ -149,8 +163,8 @@ def markdown(report: dict[str, Any]) -> str:
     out += [f"- {r['profile']}, {r['nodes']:,} nodes: {r['note']}" for r in report["runs"] if r.get("note")]
     ok = _ok(report["runs"])
     if ok:
-        out += ["The series both bundles record (same names): rule seconds, ours with its helpers; "
-                "evaluated (median) and replayed idle.", "",
+        out += ["The series both bundles record (same names): rule seconds, ours with the helpers those "
+                "rules read (directly or through other records); evaluated (median) and replayed idle.", "",
                 "| profile | nodes | names | series: ours / seed | evaluated s: ours / seed | µs per series | "
                 "replayed s: ours / seed | µs per series |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in (r for r in ok if SEED_GROUP in r["groups"]):

@@ -21,6 +21,8 @@ from bench.fleet_model import BLOCK, build_block, build_fleet
 from bench.fleet_render import node_exposition, node_families, rule_inputs, scenario
 from bench.fleet_serve import FACTORS, Shard
 from bench.fleet_tke import seed_records, seed_rule_file, tke_families
+from bench.rule_cost_report import equivalent
+from exporter.bundle.rules import HELPERS
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMTOOL = "promtool"
@@ -148,6 +150,10 @@ def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert not run["groups"]["k8s-gpu"]["unhealthy"] and not run["groups"]["tke-seed"]["unhealthy"]
     assert run["prometheus"]["head_series"] > run["scraped_series"]["exporter"] > 0
     assert all(n > 0 for n in run["recorded_series"]["tke-seed"].values() if n is not None)
+    # an equivalent series costs the helpers it reads: the pod-info and usage ones, not the counters'
+    assert run["rule_reads"]["k8s_pod_gpu_used"] == ["k8s_container_gpu_used"]
+    helpers = equivalent(run)["helpers"]
+    assert HELPERS["info"] in helpers and HELPERS["duty"] in helpers and HELPERS["busy"] not in helpers
     comparison = run["comparison"]
     for name, q in comparison.items():
         if not name.startswith("_"):
