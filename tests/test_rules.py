@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from exporter.bundle import rules as rulesgen
 from exporter.bundle import rules_cli
-from exporter.bundle.rules import LEVELS, RuleOptions, RuleOptionsError, render_prometheusrule, render_rules
+from exporter.bundle.rules import (
+    HELPERS,
+    LEVELS,
+    RuleOptions,
+    RuleOptionsError,
+    render_prometheusrule,
+    render_rules,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "rules"
@@ -247,61 +254,95 @@ K8S_COPIES = {
     "k8s_namespace_": ["namespace"],
 }
 # Per-node and cluster-wide divisors, read on the right of a `group_left ()` (which adds no label).
-DIVISORS = {"nvidia_gpu_num_devices", "nvidia_gpu_node_memory_total_bytes", "kube_node_status_allocatable_gpu",
+DIVISORS = {"nvidia_gpu_num_devices", "nvidia_gpu_node_memory_total_bytes", "nvidia_gpu_node_healthy_devices",
+            "nvidia_gpu_node_healthy_memory_bytes", "kube_node_status_allocatable_gpu",
             "kube_node_status_allocatable_gpu_memory_bytes"}
 _SERIES_RE = re.compile(r"(?<![\w:])(nvidia_gpu_\w+|k8s_\w+|kube_node_\w+|[a-z_]+:[\w:]+)(?![\w:])")
 
 
 def _copies(record: str) -> list[str]:
+    if record == HELPERS["info"]:
+        return ["namespace", "pod"]
     return next((names for prefix, names in K8S_COPIES.items() if record.startswith(prefix)), [])
 
 
-def test_kube_prometheus_stack_labels_come_from_the_exporters_labels() -> None:
-    """namespace/pod/container: copied from the exporter's labels around the whole rule, or kept from
-    recorded series of the bundle that carry those copies; never taken from a raw series.
+def _how_copied(record: str, expr: str) -> str:
+    """How a rule's result gets its namespace/pod/container; AssertionError where it could be the scrape's.
 
-    A rule either copies its level's labels outermost (after every aggregation) and names none of
-    them in a ``by``/``on``/``group_left``, or reads only recorded series that carry them (plus
-    divisors joined with ``group_left ()``) and, where it aggregates, groups by all of them. The
-    values are proven in a real Prometheus with the exporter pod's own labels on every target
+    ``copied``: label_replace outermost (after every aggregation) from the exporter's labels;
+    ``joined``: some of them brought by a ``group_left`` from the pod-info helper (which copies
+    them outermost), the rest copied outermost; ``kept``: the rule reads only recorded series
+    carrying them (plus divisors joined with ``group_left ()``), groups by all of them where it
+    aggregates and never matches one-to-one with ``on`` (which keeps only the labels it lists);
+    ``none``: a level without copies, which names none of them.
+    """
+    k8s = {"namespace", "pod", "container"}
+    want = set(_copies(record))
+    copies = _COPY_RE.findall(expr)
+    assert all(source == f"{name}_name" for name, source in copies), record
+    copied = {name for name, _ in copies}
+    assert expr.startswith("label_replace(" * len(copies)), f"{record}: copies not outermost"
+    joins = re.findall(r"group_left \(([^)]*)\)\s*" + re.escape(HELPERS["info"]), expr)
+    joined = {n.strip() for j in joins for n in j.split(",")} & k8s
+    other = re.sub(r"group_left \([^)]*\)\s*" + re.escape(HELPERS["info"]), "", expr)
+    clauses = [{n.strip() for n in c.split(",")} for c in re.findall(r"\b(?:by|on|group_left) \(([^)]*)\)", other)]
+    if not want:
+        assert not copied and not joined and not any(c & k8s for c in clauses), record
+        return "none"
+    if copied or joined:
+        assert copied | joined == want and not copied & joined, f"{record}: {copied} + {joined} != {want}"
+        assert not any(c & k8s for c in clauses), f"{record}: groups or matches by a copy"
+        return "joined" if joined else "copied"
+    read = set(_SERIES_RE.findall(expr))
+    carriers = {n for n in read if want <= set(_copies(n))}
+    assert carriers, f"{record}: no copies and reads no series carrying them"
+    for name in read - carriers:
+        assert name in DIVISORS, f"{record} reads {name}, which does not carry the copies"
+        assert expr.index("group_left ()") < expr.index(name), f"{record}: {name} is not a divisor"
+    assert all(not c & k8s or want <= c for c in clauses), f"{record}: groups by some of the copies only"
+    assert not re.search(r"\bon \([^)]*\) (?!group_left)", expr), f"{record}: one-to-one on (...) drops them"
+    return "kept"
+
+
+def test_kube_prometheus_stack_labels_come_from_the_exporters_labels() -> None:
+    """namespace/pod/container: copied from the exporter's labels after every aggregation, joined from
+    the pod-info helper, or kept from recorded series of the bundle carrying them; never the scrape's.
+
+    The values are proven in a real Prometheus with the exporter pod's own labels on every target
     (tests/test_rules_restructure.py)."""
-    kept = 0
-    for rule in _rules((RULES / "kube-gpu-exporter.rules.yaml").read_text()):
-        record, expr = rule["record"], rule["expr"]
-        want = _copies(record)
-        copies = _COPY_RE.findall(expr)
-        clauses = [{s.strip() for s in c.split(",")} for c in re.findall(r"\b(?:by|on|group_left) \(([^)]*)\)", expr)]
-        if copies or not want:
-            assert copies == [(name, f"{name}_name") for name in want], record
-            assert expr.startswith("label_replace(" * len(want)), record  # outermost: after every aggregation
-            for clause in clauses:
-                assert not {"namespace", "pod", "container"} & clause, record
-            continue
-        kept += 1
-        read = set(_SERIES_RE.findall(expr))
-        carriers = {n for n in read if set(want) <= set(_copies(n))}
-        assert carriers, f"{record}: no copies and reads no series carrying them"
-        for name in read - carriers:
-            assert name in DIVISORS, f"{record} reads {name}, which does not carry the copies"
-            assert expr.index("group_left ()") < expr.index(name), f"{record}: {name} is not a divisor"
-        for clause in clauses:
-            assert not clause & {"namespace", "pod", "container"} or set(want) <= clause, record
-        # a one-to-one `on (...)` keeps only the labels it lists; `group_left` keeps the left side's
-        assert not re.search(r"\bon \([^)]*\) (?!group_left)", expr), record
-    assert kept >= 10  # ratios, pod sums of containers, workload sums of pods
+    how = {r["record"]: _how_copied(r["record"], r["expr"])
+           for r in _rules((RULES / "kube-gpu-exporter.rules.yaml").read_text())}
+    assert how[HELPERS["info"]] == "copied" and how["k8s_container_gpu_used"] == "joined"
+    assert how["k8s_pod_gpu_allocated_compute"] == "joined"
+    assert how["k8s_pod_gpu_used"] == how["k8s_container_rate_gpu_used_node"] == "kept"
+    assert how["k8s_namespace_gpu_used"] == "copied"
+    # every --levels subset: the pods computed without the container level join the copies too
+    for levels in (("pod",), ("container", "workload"), ("workload", "namespace")):
+        sub = {r["record"]: _how_copied(r["record"], r["expr"]) for r in _rules(render_rules(RuleOptions(levels=levels)))}
+        assert sub.get("k8s_pod_gpu_used", "joined") == "joined"
     # a name a label option already has is not copied (nor is another dimension overwritten)
     text = render_rules(RuleOptions(namespace_label="namespace", container_label="pod"))
     assert set(_COPY_RE.findall(text)) == {("container", "pod")}
     assert not _COPY_RE.findall((RULES / "tests/rendered/custom-cluster.rules.yaml").read_text())
 
 
-def test_the_label_check_catches_a_copy_taken_from_a_raw_series() -> None:
-    """The check above fails a rule that groups a raw row by the scrape's own ``namespace``."""
-    bad = [{"record": "k8s_pod_gpu_used", "expr": "sum by (node_name, namespace_name, pod_name, namespace, pod) "
-            "(nvidia_gpu_duty_cycle)"}]
-    read = set(_SERIES_RE.findall(bad[0]["expr"]))
-    assert read == {"nvidia_gpu_duty_cycle"}
-    assert not {n for n in read if set(_copies(bad[0]["record"])) <= set(_copies(n))}
+@pytest.mark.parametrize(("record", "expr"), [
+    # a raw row grouped by the scrape's own namespace/pod
+    ("k8s_pod_gpu_used", "sum by (node_name, namespace_name, pod_name, namespace, pod) (nvidia_gpu_duty_cycle)"),
+    # recorded series, but grouped by one copy only
+    ("k8s_pod_gpu_used", "sum by (node_name, namespace_name, pod_name, pod) (k8s_container_gpu_used)"),
+    # a one-to-one on (...) that drops the copies the two sides carry
+    ("k8s_pod_rate_gpu_used_request", "k8s_pod_gpu_used * 100 / on (node_name, pod_name) (k8s_pod_gpu_request > 0)"),
+    # a copy made inside, before an aggregation
+    ("k8s_namespace_gpu_used", 'sum by (namespace_name) (label_replace(nvidia_gpu_duty_cycle, "namespace", "$1", '
+     '"namespace_name", "(.*)"))'),
+    # joined from the helper but the container copy missing
+    ("k8s_container_gpu_used", f"{HELPERS['duty']} * on (namespace_name, pod_name) group_left (workload_kind, "
+     f"workload_name, namespace, pod) {HELPERS['info']}"),
+])
+def test_the_label_check_catches_a_copy_that_could_be_the_scrapes(record: str, expr: str) -> None:
+    with pytest.raises(AssertionError):
+        _how_copied(record, expr)
 
 
 # ------------------------------------------------------------------ promtool

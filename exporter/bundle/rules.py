@@ -145,9 +145,10 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         # namespace/pod/container copied from the exporter's labels at the end of each rule of a level
         # that computes them; a rule reading recorded series of the bundle keeps theirs instead
         "K8S": k8s,
-        # the copies a pod or workload sum makes: none when it sums the recorded series below it
-        "K8S_SUM": {"pod": () if "container" in levels else k8s["pod"],
-                    "workload": () if levels & {"pod", "container"} else k8s["namespace"]},
+        # the pod-info helper carries the pod's copies, which a join with it brings along
+        "K8S_JOIN": tuple(pair for pair in k8s["container"] if pair not in k8s["pod"]),
+        # the copies a workload sum makes: none when it sums the recorded series below it
+        "K8S_SUM": {"workload": () if levels & {"pod", "container"} else k8s["namespace"]},
         # helper series are emitted only when a selected level reads them
         "need_info": bool(levels & {"container", "pod", "workload"}),
         "need_usage": bool(levels & {"container", "pod", "workload", "namespace"}),
