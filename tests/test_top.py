@@ -12,12 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.exposition.status import status_json, status_view
 from exporter.shell import cli, top
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import SUBCOMMANDS, load_config
-from exporter.shell.top_rows import FetchError, build_view, fetch_status, status_url
+from exporter.shell.top_rows import GPU_COLUMNS, FetchError, build_view, fetch_status, gpu_row, status_url
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED = ROOT / "examples" / "mixed-4gpu-node.yaml"
@@ -63,6 +65,38 @@ def test_rows_of_the_mig_node() -> None:
     by_pod = {r[2]: r for r in view.containers}
     assert by_pod["train-large-0"][0] == "0/MIG 3g.40gb GI 2" and by_pod["train-large-0"][7] == "-"  # no MIG SM use
     assert by_pod["notebook-ana"][0] == "1"
+
+
+def test_rows_tell_the_health_an_operator_acts_on() -> None:
+    """Energy and the Health column, like the status page (tests/scenarios/health_node.yaml: GPU 6 failed
+    a row remap, GPU 7 has one pending, GPU 2's clocks are held by sw_power_cap + sw_thermal_slowdown)."""
+    status = status_of(ROOT / "tests" / "scenarios" / "health_node.yaml")
+    view = build_view(status)
+    health = {r[0]: r[GPU_COLUMNS.index("Health")] for r in view.gpus}
+    assert health["6"] == "!! row remap failed: replace the GPU"
+    assert health["7"] == "!! row remap pending: reset the GPU"
+    assert health["2"] == "clocks held: sw_power_cap, sw_thermal_slowdown"
+    assert health["0"] == "ok"
+    joules = status["gpus"][0]["energy_joules"]
+    assert joules > 0 and view.gpus[0][GPU_COLUMNS.index("Energy kWh")] == f"{joules / 3.6e6:.2f}"
+    # an older exporter's tree without these fields: dashes, no error
+    bare = {**status, "gpus": [{k: v for k, v in status["gpus"][0].items()
+                                if k not in ("energy_joules", "remapped_rows", "clocks_event_reasons")}]}
+    assert build_view(bare).gpus[0][-2:] == ("-", "-")
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                         max_size=4), max_leaves=12)
+
+
+@given(st.dictionaries(st.sampled_from(["remapped_rows", "clocks_event_reasons", "energy_joules", "power_watts",
+                                        "model", "index"]), json_values))
+@settings(max_examples=300, deadline=None)
+def test_gpu_rows_of_any_json_never_raise(gpu: dict) -> None:
+    """A remote status tree is data, not trusted code: any JSON in these fields gives a row of strings."""
+    row = gpu_row("0", gpu)
+    assert len(row) == len(GPU_COLUMNS) and all(isinstance(c, str) and "\n" not in c for c in row)
 
 
 def test_rows_of_odd_trees(mixed: dict) -> None:

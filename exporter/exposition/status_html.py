@@ -11,6 +11,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from exporter.exposition.health_notes import health_notes
+
 REFRESH_SECONDS = 5
 
 CSS = """
@@ -104,17 +106,10 @@ GPU_HEADERS = ("UUID", "Model", "Minor", "State", "Mode", "Util", "Memory", "Pow
 
 def _health(g: Mapping[str, Any]) -> str:
     """Row remapping that needs an operator (reset, replace), then the clocks event reasons active."""
-    parts = []
-    rows = g.get("remapped_rows") or {}
-    if rows.get("failure"):
-        parts.append('<span class="bad">row remap failed: replace the GPU</span>')
-    elif rows.get("pending"):
-        parts.append('<span class="bad">row remap pending: reset the GPU</span>')
-    reasons = [r for r in g.get("clocks_event_reasons") or () if r != "gpu_idle"]  # idle clocks are no news
-    if reasons:
-        parts.append("clocks held: " + ", ".join(esc(r) for r in reasons))
-    if not parts and g.get("clocks_event_reasons") is None and not rows:
+    notes = health_notes(g)
+    if notes is None:
         return "&ndash;"  # NVML told nothing
+    parts = [f'<span class="bad">{esc(text)}</span>' if bad else esc(text) for text, bad in notes]
     return "; ".join(parts) or '<span class="ok">ok</span>'
 
 

@@ -13,11 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.exposition.health_notes import health_notes
+
 GIB = 1024**3
 MAX_BODY = 16 * 1024 * 1024  # a status tree is kilobytes; refuse anything absurd
 Row = tuple[str, ...]
 
-GPU_COLUMNS: Row = ("GPU", "Model", "State", "Mode", "Util %", "Mem util %", "Memory GiB", "Power W", "Temp C")
+GPU_COLUMNS: Row = ("GPU", "Model", "State", "Mode", "Util %", "Mem util %", "Memory GiB", "Power W", "Temp C",
+                    "Energy kWh", "Health")
 CONTAINER_COLUMNS: Row = ("GPU", "Namespace", "Pod", "Container", "Mode", "Scheme",
                           "Grant SM %", "Use SM %", "Grant mem GiB", "Use mem GiB")
 UNACCOUNTED_COLUMNS: Row = ("GPU", "PID", "SM %", "Memory GiB", "Namespace", "Pod", "Container")
@@ -114,15 +117,25 @@ def _devices(status: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     return out
 
 
+def _health(gpu: Mapping[str, Any]) -> str:
+    notes = health_notes(gpu)
+    if notes is None:
+        return "-"  # NVML told nothing
+    return _text("; ".join(("!! " if bad else "") + text for text, bad in notes)) or "ok"
+
+
 def gpu_row(label: str, gpu: Mapping[str, Any]) -> Row:
-    """One GPU or MIG instance: utilization, memory used/total, power draw/limit, temperature."""
+    """One GPU or MIG instance: utilization, memory used/total, power draw/limit, temperature, energy
+    since the driver loaded, and what needs an operator (row remapping, clocks held; ``!!``: act)."""
     memory = f"{_gib(gpu.get('memory_used_bytes'))}/{_gib(gpu.get('memory_total_bytes'))}"
     power = _num(gpu.get("power_watts"), 0)
     if gpu.get("power_limit_watts") is not None:
         power += f"/{_num(gpu.get('power_limit_watts'), 0)}"
+    joules = gpu.get("energy_joules")
+    energy = _num(joules / 3.6e6, 2) if isinstance(joules, int | float) and not isinstance(joules, bool) else "-"
     return (label, _text(gpu.get("model")), _text(gpu.get("state")), _text(gpu.get("allocate_mode")),
             _num(gpu.get("utilization_percent")), _num(gpu.get("memory_utilization_percent")), memory, power,
-            _num(gpu.get("temperature_celsius")))
+            _num(gpu.get("temperature_celsius")), energy, _health(gpu))
 
 
 def container_row(label: str, c: Mapping[str, Any]) -> Row:
