@@ -318,7 +318,8 @@ def test_kube_prometheus_stack_labels_come_from_the_exporters_labels() -> None:
     assert how["k8s_namespace_gpu_used"] == "copied"
     # every --levels subset: the pods computed without the container level join the copies too
     for levels in (("pod",), ("container", "workload"), ("workload", "namespace")):
-        sub = {r["record"]: _how_copied(r["record"], r["expr"]) for r in _rules(render_rules(RuleOptions(levels=levels)))}
+        rendered = _rules(render_rules(RuleOptions(levels=levels)))
+        sub = {r["record"]: _how_copied(r["record"], r["expr"]) for r in rendered}
         assert sub.get("k8s_pod_gpu_used", "joined") == "joined"
     # a name a label option already has is not copied (nor is another dimension overwritten)
     text = render_rules(RuleOptions(namespace_label="namespace", container_label="pod"))
