@@ -32,7 +32,6 @@ TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
 
 LEVELS: tuple[str, ...] = ("container", "pod", "node", "workload", "namespace", "cluster")
 DEVICE_ROWS = 'allocate_mode=~"exclusive|None"'  # exactly one row per GPU: the device totals
-# The helper series: per container, the inputs of the container, pod, workload and namespace rules.
 # The families with one row per attributed container (and GPU): where the helpers find every pod.
 POD_ROWS = (
     "nvidia_gpu_duty_cycle",
@@ -41,6 +40,7 @@ POD_ROWS = (
     "nvidia_gpu_container_busy_seconds_total",
     "nvidia_gpu_container_energy_joules_total",
 )
+# The helper series: per container, the inputs of the container, pod, workload and namespace rules.
 HELPERS = {
     "info": "namespace_workload_pod:nvidia_gpu_pod_info:dedup",
     "duty": "node_namespace_pod_container:nvidia_gpu_duty_cycle:sum",
@@ -123,6 +123,8 @@ def _context(opts: RuleOptions) -> dict[str, object]:
     # than copying again: a label_replace costs about what the sum does).
     keys["PWK"] = [*keys["PW"], *(name for name, _ in k8s["pod"])]
     keys["WK"] = [*keys["W"], *(name for name, _ in k8s["namespace"])]
+    # what a join with the pod-info helper brings: the owner and the pod's copies
+    keys["JOINED"] = ["workload_kind", "workload_name", *(name for name, _ in k8s["pod"])]
     L = {k: ", ".join(v) for k, v in keys.items()}
     by = {k: _by(v) for k, v in keys.items()}
     levels = set(opts.levels)
@@ -148,7 +150,7 @@ def _context(opts: RuleOptions) -> dict[str, object]:
         # the pod-info helper carries the pod's copies, which a join with it brings along
         "K8S_JOIN": tuple(pair for pair in k8s["container"] if pair not in k8s["pod"]),
         # the copies a workload sum makes: none when it sums the recorded series below it
-        "K8S_SUM": {"workload": () if levels & {"pod", "container"} else k8s["namespace"]},
+        "K8S_WORKLOAD_SUM": () if levels & {"pod", "container"} else k8s["namespace"],
         # helper series are emitted only when a selected level reads them
         "need_info": bool(levels & {"container", "pod", "workload"}),
         "need_usage": bool(levels & {"container", "pod", "workload", "namespace"}),
