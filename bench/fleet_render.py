@@ -24,8 +24,8 @@ from exporter.bundle.rules import RuleOptions, render_rules
 from exporter.exposition.pod_labels import parse_allowlist
 from exporter.exposition.rows import LabelNames
 from exporter.node.pod_store import PodStore
-from exporter.node.sampler import Pipeline, PodState
 from exporter.node.simulate import ScenarioProc, SimulatedBackend, parse_scenario
+from exporter.pipeline.sampler import Pipeline, PodState
 from tests.k8s_double import make_container, make_pod
 
 T0 = 1_700_000_000.0  # the fake clock's start: the rendered bodies carry it, the server moves counters on

@@ -1,10 +1,10 @@
-"""An application from ``exporter.shell.server.make_app`` on a real socket, and an aiohttp client for it.
+"""An application from ``exporter.server.app.make_app`` on a real socket, and an aiohttp client for it.
 
     async with AppClient(make_app(holder, 60)) as client:
         r = await client.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
         status, body = r.status, await r.read()
 
-The server is the exporter's own (:class:`~exporter.shell.server.HttpServer`, default limits) on
+The server is the exporter's own (:class:`~exporter.server.app.HttpServer`, default limits) on
 127.0.0.1 and a free port; the client is aiohttp's, a test dependency only.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import aiohttp
 
-from exporter.shell.http_limits import ServerLimits
-from exporter.shell.http_stats import HttpStats
-from exporter.shell.server import App, HttpServer
+from exporter.server.app import App, HttpServer
+from exporter.server.limits import ServerLimits
+from exporter.server.stats import HttpStats
 
 
 class AppClient:

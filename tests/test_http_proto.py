@@ -1,4 +1,4 @@
-"""The HTTP/1.1 server (exporter/shell/http_proto.py, http_wire.py) on a real socket: keep-alive, pipelining, HEAD,
+"""The HTTP/1.1 server (exporter/server/protocol.py, http_wire.py) on a real socket: keep-alive, pipelining, HEAD,
 404/405, bodies, requests split over many packets; and the stored gzip member a scrape appends."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.exposition.snapshot import Snapshot, stored_gzip
-from exporter.node.sampler import SnapshotHolder
-from exporter.shell.http_limits import ServerLimits
-from exporter.shell.http_stats import HttpStats
-from exporter.shell.server import HttpServer, make_app
+from exporter.pipeline.sampler import SnapshotHolder
+from exporter.server.app import HttpServer, make_app
+from exporter.server.limits import ServerLimits
+from exporter.server.stats import HttpStats
 
 BODY = b"# HELP x test\n# TYPE x gauge\nx 1\n"
 
@@ -133,7 +133,7 @@ def test_a_repeated_head_is_answered_as_parsed_and_a_changed_one_anew():
 
 @given(st.integers(0, 10**9), st.booleans(), st.booleans())
 def test_response_heads_from_the_cache_equal_fresh_ones(length: int, close: bool, keep_alive_10: bool):
-    from exporter.shell.http_wire import Response, response_head
+    from exporter.server.wire import Response, response_head
     resp = Response(200, b"x" * (length % 1000), "text/plain", [("Vary", "Accept-Encoding")])
     connection = "Connection: close\r\n" if close else "Connection: keep-alive\r\n" if keep_alive_10 else ""
     expected = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nVary: Accept-Encoding\r\n"

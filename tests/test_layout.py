@@ -21,16 +21,20 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
 # What each subsystem may import from the others; model.py is the shared vocabulary of all.
-# The flow sample -> attribute -> snapshot -> render reads from left to right: node imports
-# attribution and exposition, exposition imports attribution, attribution imports none of them.
+# The flow sample -> attribute -> snapshot -> render reads from left to right: node (the sources)
+# imports attribution only; pipeline (the cycle) carries a sample through attribution to the
+# exposition; the server serves what the pipeline published; top is a client of the server's JSON.
 MAY_IMPORT = {
     "model": set(),
     "attribution": {"model"},
     "exposition": {"model", "attribution"},
-    "node": {"model", "attribution", "exposition"},
+    "node": {"model", "attribution"},
+    "pipeline": {"model", "attribution", "exposition"},
     "xid": {"model", "node"},
     "bundle": {"xid"},
-    "shell": {"model", "attribution", "exposition", "node", "xid", "bundle"},
+    "server": {"model", "exposition", "pipeline", "xid"},
+    "top": {"exposition"},
+    "shell": {"model", "attribution", "exposition", "node", "pipeline", "xid", "bundle", "server", "top"},
 }
 
 

@@ -21,11 +21,11 @@ from exporter import __version__
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.model import NodeSample
 from exporter.node.pod_store import PodStore
-from exporter.node.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
+from exporter.pipeline.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
+from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from exporter.shell.logging_setup import JsonFormatter, StateLog
-from exporter.shell.server import make_app
 from exporter.shell.sources import PodResourcesSource
 from exporter.shell.status import CycleMonitor, XidLog
 from exporter.xid.stats import XidStats

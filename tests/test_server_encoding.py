@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.exposition.snapshot import Snapshot, empty_snapshot
-from exporter.node.sampler import SnapshotHolder
-from exporter.shell.encoding import parse_accept_encoding, wants_gzip
-from exporter.shell.http_stats import HttpStats
-from exporter.shell.server import make_app
+from exporter.pipeline.sampler import SnapshotHolder
+from exporter.server.app import make_app
+from exporter.server.encoding import parse_accept_encoding, wants_gzip
+from exporter.server.stats import HttpStats
 from tests.http_support import AppClient
 
 CODINGS = ["gzip", "x-gzip", "identity", "*", "br", "deflate", "compress", "zstd"]

@@ -20,11 +20,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.node.sampler import SamplerThread, SnapshotHolder
+from exporter.pipeline.sampler import SamplerThread, SnapshotHolder
+from exporter.server.app import make_app
+from exporter.server.stats import HttpStats
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
-from exporter.shell.http_stats import HttpStats
-from exporter.shell.server import make_app
 from tests.http_support import AppClient
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.node.sampler import SnapshotHolder
-from exporter.shell.http_limits import ServerLimits, loop_exception_handler, raise_nofile_limit
-from exporter.shell.http_stats import HttpStats, RateLimitedLog, one_line
-from exporter.shell.http_wire import Request, Response
-from exporter.shell.server import HttpServer, make_app
+from exporter.pipeline.sampler import SnapshotHolder
+from exporter.server.app import HttpServer, make_app
+from exporter.server.limits import ServerLimits, loop_exception_handler, raise_nofile_limit
+from exporter.server.stats import HttpStats, RateLimitedLog, one_line
+from exporter.server.wire import Request, Response
 from tests.integration_support import parse_exposition, value
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,10 +219,10 @@ def test_accept_out_of_descriptors_is_counted_and_logged_in_one_line(caplog):
 EMFILE_SERVER = """
 import asyncio, logging, resource, sys, time
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.node.sampler import SnapshotHolder
-from exporter.shell.http_limits import ServerLimits
-from exporter.shell.http_stats import HttpStats
-from exporter.shell.server import HttpServer, make_app
+from exporter.pipeline.sampler import SnapshotHolder
+from exporter.server.limits import ServerLimits
+from exporter.server.stats import HttpStats
+from exporter.server.app import HttpServer, make_app
 
 async def main():
     stats = HttpStats()
@@ -303,7 +303,7 @@ def _in_subprocess(nofile: str, code: str) -> str:
     ("1024:1024", "1024 (1024, 1024)", "file descriptor limit: 1024 (hard limit 1024)"),
 ])
 def test_raise_nofile_limit(nofile: str, want: str, said: str):
-    out = _in_subprocess(nofile, "import resource; from exporter.shell.http_limits import raise_nofile_limit; "
+    out = _in_subprocess(nofile, "import resource; from exporter.server.limits import raise_nofile_limit; "
                                  "print(raise_nofile_limit(), resource.getrlimit(resource.RLIMIT_NOFILE))")
     assert want in out and out.count("file descriptor limit") == 1 and said in out
 

@@ -19,11 +19,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.node.sampler import SnapshotHolder
 from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
+from exporter.pipeline.sampler import SnapshotHolder
+from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon, main
 from exporter.shell.config import load_config
-from exporter.shell.server import make_app
 from tests.http_support import AppClient
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -244,7 +244,7 @@ def test_listen_is_checked_before_anything_starts(busy_port: int, capsys: pytest
 def test_serving_is_printed_only_once_the_server_listens(capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The port is taken between the pre-flight check and the server's bind: one error line, no "serving"."""
-    from exporter.shell.server import HttpServer
+    from exporter.server.app import HttpServer
 
     async def taken(self: HttpServer) -> None:
         raise OSError(errno.EADDRINUSE, "Address already in use")

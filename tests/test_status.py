@@ -13,10 +13,10 @@ import yaml
 from exporter.exposition.snapshot import empty_snapshot, with_sample_failures
 from exporter.exposition.status import build_status, status_json, status_view
 from exporter.exposition.status_html import render_html
-from exporter.node.sampler import SnapshotHolder
+from exporter.pipeline.sampler import SnapshotHolder
+from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
-from exporter.shell.server import make_app
 from exporter.xid.stats import XidStats, xid_metric_families
 from tests.http_support import AppClient
 

@@ -1,4 +1,4 @@
-"""``kube-gpu-exporter top``: the pure rows (exporter/shell/top_rows.py), the Textual app driven by its Pilot
+"""``kube-gpu-exporter top``: the pure rows (exporter/top/rows.py), the Textual app driven by its Pilot
 against a local HTTP server (top_app.py), the error paths and the message without textual (top.py)."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.exposition.status import status_json, status_view
-from exporter.shell import cli, top
+from exporter.shell import cli
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import SUBCOMMANDS, load_config
-from exporter.shell.top_rows import GPU_COLUMNS, FetchError, build_view, fetch_status, gpu_row, status_url
+from exporter.top import command as top
+from exporter.top.rows import GPU_COLUMNS, FetchError, build_view, fetch_status, gpu_row, status_url
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED = ROOT / "examples" / "mixed-4gpu-node.yaml"
@@ -173,7 +174,7 @@ def _text(app, widget_id: str) -> str:
 
 def test_app_shows_the_node_and_survives_errors(server: Server, mixed: dict) -> None:
     pytest.importorskip("textual")
-    from exporter.shell.top_app import TopApp
+    from exporter.top.app import TopApp
 
     server.body = json.dumps(mixed).encode()
 
@@ -208,7 +209,7 @@ def test_app_shows_the_node_and_survives_errors(server: Server, mixed: dict) -> 
 
 def test_app_on_an_unreachable_url() -> None:
     pytest.importorskip("textual")
-    from exporter.shell.top_app import TopApp
+    from exporter.top.app import TopApp
 
     async def drive() -> None:
         app = TopApp("http://127.0.0.1:1", interval=60, timeout=1)
@@ -224,7 +225,7 @@ def test_app_on_an_unreachable_url() -> None:
 def test_without_textual_top_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "textual", None)  # import textual -> ImportError
-    monkeypatch.delitem(sys.modules, "exporter.shell.top_app", raising=False)
+    monkeypatch.delitem(sys.modules, "exporter.top.app", raising=False)
     for name in [m for m in sys.modules if m.startswith("textual.")]:
         monkeypatch.delitem(sys.modules, name)
     assert cli.main(["top", "--url", "http://127.0.0.1:1"]) == 2
@@ -246,7 +247,7 @@ def test_top_is_a_subcommand_with_its_own_help(capsys: pytest.CaptureFixture[str
 
 def test_the_daemon_does_not_import_textual() -> None:
     import subprocess
-    code = ("import sys, exporter.shell.cli, exporter.shell.top, exporter.shell.top_rows; "
+    code = ("import sys, exporter.shell.cli, exporter.top.command, exporter.top.rows; "
             "print(any(m == 'textual' or m.startswith('textual.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
@@ -285,7 +286,7 @@ class FakePrometheus(Server):
     def __init__(self) -> None:
         from urllib.parse import parse_qs, urlparse
 
-        from exporter.shell.top_prom import QUERIES
+        from exporter.top.prom import QUERIES
         by_query = {q: json.dumps(PROM[name]).encode() for name, q in QUERIES.items()}
         super().__init__()
         outer = self
@@ -315,7 +316,7 @@ def prometheus() -> Iterator[FakePrometheus]:
 
 
 def test_cluster_rows(prometheus: FakePrometheus) -> None:
-    from exporter.shell.top_prom import build_cluster_view, fetch_cluster
+    from exporter.top.prom import build_cluster_view, fetch_cluster
     view = build_cluster_view(fetch_cluster(prometheus.url, 2))
     assert view.header == "cluster: 5 healthy GPUs | used 32% | allocated 84% | 1 idle allocations"
     assert view.message == ""
@@ -329,7 +330,7 @@ def test_cluster_rows(prometheus: FakePrometheus) -> None:
 
 
 def test_cluster_fetch_errors(server: Server) -> None:
-    from exporter.shell.top_prom import query
+    from exporter.top.prom import query
     server.body = b'{"status": "error", "error": "parse error"}'
     with pytest.raises(FetchError, match="query failed: parse error"):
         query(server.url, "up", 2)
@@ -342,7 +343,7 @@ def test_cluster_fetch_errors(server: Server) -> None:
 
 def test_cluster_app(prometheus: FakePrometheus) -> None:
     pytest.importorskip("textual")
-    from exporter.shell.top_app import ClusterApp
+    from exporter.top.app import ClusterApp
 
     async def drive() -> None:
         app = ClusterApp(prometheus.url, interval=60, timeout=2)

@@ -320,8 +320,8 @@ def test_build_families_renders_counters_only_when_given() -> None:
 
 def test_pipeline_integrates_a_simulated_node(tmp_path: Path) -> None:
     """rules_e2e node 1 with an energy counter: 1 s per cycle, 100 W per GPU."""
-    from exporter.node.sampler import SamplerThread, SnapshotHolder
     from exporter.node.simulate import SimulatedBackend, load_scenario
+    from exporter.pipeline.sampler import SamplerThread, SnapshotHolder
     from exporter.shell.cli import build_daemon
     from exporter.shell.config import load_config
 

@@ -25,9 +25,9 @@ import bcrypt
 import pytest
 import yaml
 
+from exporter.server.web_config import BasicAuth, TlsReloader, TlsSettings, WebConfigError, load_web_config
 from exporter.shell import cli
 from exporter.shell.config import ConfigError, load_config
-from exporter.shell.web_config import BasicAuth, TlsReloader, TlsSettings, WebConfigError, load_web_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "seed-cgpu-t4.yaml"

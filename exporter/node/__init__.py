@@ -1,2 +1,2 @@
-"""The node pipeline: the sources one cycle samples (NVML or the simulated node, /proc, pods,
-kubelet pod-resources) and the sampling loop that carries a sample through attribution to a snapshot."""
+"""The node's sources, each keeping its own last good answer: NVML or the simulated node, /proc, pods,
+the kubelet's pod-resources, the Node object and DRA objects. Nothing here imports the exposition."""

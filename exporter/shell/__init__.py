@@ -1,1 +1,1 @@
-"""The imperative shell: command line, configuration and the HTTP server."""
+"""The imperative shell: command line, configuration, logging, the start-up summary and the cycle's state log."""

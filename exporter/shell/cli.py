@@ -19,8 +19,8 @@ from pathlib import Path
 from exporter.exposition.pod_labels import parse_allowlist
 from exporter.exposition.rows import LabelNames
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.node.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
 from exporter.node.scenario_parse import ScenarioError
+from exporter.pipeline.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
 from exporter.shell.config import SUBCOMMANDS, Config, ConfigError, bind_error, check_listen, load_config
 from exporter.shell.logging_setup import configure_logging
 from exporter.shell.sources import PodResourcesSource, XidSource
@@ -246,10 +246,10 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
 
 
 def _serve(daemon: Daemon) -> int:
-    from exporter.shell.http_limits import ServerLimits, raise_nofile_limit
-    from exporter.shell.http_stats import HttpStats
-    from exporter.shell.server import BindError, HttpServer, make_app, run
-    from exporter.shell.web_config import WebConfigError, load_web_config
+    from exporter.server.app import BindError, HttpServer, make_app, run
+    from exporter.server.limits import ServerLimits, raise_nofile_limit
+    from exporter.server.stats import HttpStats
+    from exporter.server.web_config import WebConfigError, load_web_config
 
     try:  # checked by load_config already; read again here for the certificates as they are now
         web = load_web_config(daemon.config.web_config_file) if daemon.config.web_config_file else None

@@ -148,7 +148,7 @@ SUBCOMMANDS: dict[str, tuple[str | None, str]] = {
     "alerts": ("exporter.bundle.alerts.cli", "render the alerting rules"),
     "dashboards": ("exporter.bundle.dashboards.cli", "render the Grafana dashboards"),
     "render": (None, "run one sampling cycle, print the exposition and exit (the exporter's flags)"),
-    "top": ("exporter.shell.top", "a refreshing terminal view of an exporter's /status.json (extra: top)"),
+    "top": ("exporter.top.command", "a refreshing terminal view of an exporter's /status.json (extra: top)"),
 }
 
 
@@ -321,7 +321,7 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, c
     if cfg.log_format not in ("text", "json"):
         raise ConfigError(f"{sources['log_format']} must be text or json, got {cfg.log_format!r}")
     if cfg.web_config_file:
-        from exporter.shell.web_config import WebConfigError, load_web_config
+        from exporter.server.web_config import WebConfigError, load_web_config
         try:
             load_web_config(cfg.web_config_file, sources["web_config_file"])  # refused at start, with the key
         except WebConfigError as e:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from exporter.node.sampler import Pipeline
+from exporter.pipeline.sampler import Pipeline
 from exporter.shell.logging_setup import StateLog
 from exporter.xid.stats import XidCountKey, XidStats
 

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from exporter.model import DeviceSample
-from exporter.node.sampler import Pipeline
+from exporter.pipeline.sampler import Pipeline
 from exporter.shell.config import Config
 
 

@@ -11,7 +11,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Static
 
-from exporter.shell.top_prom import (
+from exporter.top.prom import (
     IDLE_BELOW,
     IDLE_COLUMNS,
     NAMESPACE_COLUMNS,
@@ -22,7 +22,7 @@ from exporter.shell.top_prom import (
     build_cluster_view,
     fetch_cluster,
 )
-from exporter.shell.top_rows import (
+from exporter.top.rows import (
     CONTAINER_COLUMNS,
     GPU_COLUMNS,
     UNACCOUNTED_COLUMNS,

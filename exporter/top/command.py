@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; ``argv`` are the arguments after ``top``. Returns the exit status."""
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        from exporter.shell.top_app import ClusterApp, TopApp
+        from exporter.top.app import ClusterApp, TopApp
     except ImportError:
         print(INSTALL_HINT, file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
-from exporter.shell.top_rows import GIB, FetchError, Row, get_body
+from exporter.top.rows import GIB, FetchError, Row, get_body
 
 TOP = 10  # rows per ranking
 IDLE_BELOW = 1.0  # % of one GPU: an allocated container using less is idle

@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from exporter.shell.http_wire import BadRequest, Handler, Request, Response, head_problem, parse_head, response_head
+from exporter.server.wire import BadRequest, Handler, Request, Response, head_problem, parse_head, response_head
 
 MAX_BODY = 1 << 20  # an unwanted body this large closes the connection instead of being read
 

@@ -1,7 +1,7 @@
 """The HTTP/1.1 wire format the server speaks: request and response types, the parse of a request
 head within the server's limits, and response heads.
 
-Pure functions and plain data (no I/O): :mod:`exporter.shell.http_proto` drives them per connection.
+Pure functions and plain data (no I/O): :mod:`exporter.server.protocol` drives them per connection.
 A malformed head raises :class:`BadRequest` with a reason from a bounded set (see http_stats).
 """
 

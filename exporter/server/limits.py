@@ -5,7 +5,7 @@
 * :class:`ConnectionLimiter` caps open connections well under that limit: beyond the cap the oldest
   idle connection is dropped (oldest of all when every one is busy), so idle floods cannot exhaust
   descriptors and a new scrape always gets in.
-* :class:`ServerHooks` is what each connection (:class:`~exporter.shell.http_proto.HttpConnection`,
+* :class:`ServerHooks` is what each connection (:class:`~exporter.server.protocol.HttpConnection`,
   which keeps the idle, header and request timers) reports to: the limiter, and one-line,
   rate-limited, counted reporting of malformed requests and of our own errors, never a traceback
   per request.
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from exporter.shell.http_proto import HttpConnection
-from exporter.shell.http_stats import HttpStats, RateLimitedLog
-from exporter.shell.http_wire import BadRequest, Request
+from exporter.server.protocol import HttpConnection
+from exporter.server.stats import HttpStats, RateLimitedLog
+from exporter.server.wire import BadRequest, Request
 
 log = logging.getLogger("kube_gpu_exporter.http")
 

@@ -1,8 +1,8 @@
 """HTTP server: serves the last snapshot. A scrape never touches NVML, /proc or the API.
 
 :func:`make_app` is the application (the routes); :class:`HttpServer` puts it on a listening socket,
-one :class:`~exporter.shell.http_proto.HttpConnection` per connection, with the defences of
-:mod:`exporter.shell.http_limits` (connection cap, timeouts, one-line error reporting), and
+one :class:`~exporter.server.protocol.HttpConnection` per connection, with the defences of
+:mod:`exporter.server.limits` (connection cap, timeouts, one-line error reporting), and
 :func:`run` serves until SIGTERM/SIGINT. No web framework: a scrape is a parse, a lookup and one
 write, on an event loop that does nothing else (the sampler has its own thread).
 """
@@ -17,13 +17,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 from exporter.exposition.snapshot import CONTENT_TYPE, scrape_parts
-from exporter.node.sampler import SnapshotHolder
-from exporter.shell.encoding import wants_gzip
-from exporter.shell.http_limits import ConnectionLimiter, ServerHooks, ServerLimits, log, loop_exception_handler
-from exporter.shell.http_proto import HttpConnection
-from exporter.shell.http_stats import HttpStats, RateLimitedLog
-from exporter.shell.http_wire import Handler, Request, Response
-from exporter.shell.web_config import BasicAuth, TlsReloader, WebConfig
+from exporter.pipeline.sampler import SnapshotHolder
+from exporter.server.encoding import wants_gzip
+from exporter.server.limits import ConnectionLimiter, ServerHooks, ServerLimits, log, loop_exception_handler
+from exporter.server.protocol import HttpConnection
+from exporter.server.stats import HttpStats, RateLimitedLog
+from exporter.server.web_config import BasicAuth, TlsReloader, WebConfig
+from exporter.server.wire import Handler, Request, Response
 
 NO_STORE = [("Cache-Control", "no-store")]
 
@@ -129,7 +129,7 @@ class HttpServer:
     """``app`` listening on ``host:port``, one :class:`HttpConnection` per connection.
 
     ``web_config`` (``--web-config-file``): TLS with certificates re-read when they change, and basic authentication
-    on every path (exporter/shell/web_config.py).
+    on every path (exporter/server/web_config.py).
     """
 
     def __init__(self, app: App, host: str, port: int, limits: ServerLimits,

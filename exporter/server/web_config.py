@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.shell.http_wire import Request, Response
+from exporter.server.wire import Request, Response
 
 log = logging.getLogger("kube_gpu_exporter.http")
 

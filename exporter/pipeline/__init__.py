@@ -1,0 +1,1 @@
+"""The sampling cycle: the sources' answers -> attribution -> every output -> the published snapshot."""
