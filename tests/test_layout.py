@@ -24,6 +24,8 @@ MAX_FUNCTION_LINES = 80
 # The flow sample -> attribute -> snapshot -> render reads from left to right: node (the sources)
 # imports attribution only; pipeline (the cycle) carries a sample through attribution to the
 # exposition; the server serves what the pipeline published; top is a client of the server's JSON.
+# bundle (the generators) reads the Xid catalog and exposition/label_names.py, the one label-name check
+# the exporter's flags and the generators share (test_bundle_reads_only_the_label_names_of_exposition).
 MAY_IMPORT = {
     "model": set(),
     "attribution": {"model"},
@@ -31,7 +33,7 @@ MAY_IMPORT = {
     "node": {"model", "attribution"},
     "pipeline": {"model", "attribution", "exposition"},
     "xid": {"model", "node"},
-    "bundle": {"xid"},
+    "bundle": {"xid", "exposition"},
     "server": {"model", "exposition", "pipeline", "xid"},
     "top": {"exposition"},
     "shell": {"model", "attribution", "exposition", "node", "pipeline", "xid", "bundle", "server", "top"},
@@ -76,6 +78,18 @@ def test_imports_run_one_way(path: Path) -> None:
         return  # exporter/__init__.py, __main__.py: the package's face and entry point
     wrong = _imported_subsystems(path) - MAY_IMPORT[own] - {own}
     assert not wrong, f"{path.relative_to(ROOT)} ({own}) imports {sorted(wrong)}"
+
+
+def test_bundle_reads_only_the_label_names_of_exposition() -> None:
+    """bundle may import exposition for one module: the generators must not grow on the exporter's rows."""
+    imported = set()
+    for path in (ROOT / "bundle").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("exporter.exposition"):
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names if a.name.startswith("exporter.exposition")}
+    assert imported == {"exporter.exposition.label_names"}, sorted(imported)
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))

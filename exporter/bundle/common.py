@@ -19,17 +19,14 @@ from typing import Any
 
 import yaml
 
-# Labels the exporter always emits under these fixed names; a configurable label must not
-# shadow them or the aggregations would silently merge two different dimensions.
-FIXED_LABELS: frozenset[str] = frozenset(
-    {"workload_kind", "workload_name", "uuid", "minor_number", "allocate_mode", "scheme", "name", "pod_uid"}
-)
+from exporter.exposition.label_names import FIXED_LABELS as FIXED_LABELS  # public here too
+from exporter.exposition.label_names import check_label_names
 
-LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Prometheus duration syntax (units in descending order, each at most once).
-DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?$")
+# "\Z", not "$": "$" matches before a final newline, which would break a generated file's header.
+DURATION_RE = re.compile(r"^(\d+y)?(\d+w)?(\d+d)?(\d+h)?(\d+m)?(\d+s)?(\d+ms)?\Z")
 _DURATION_UNITS = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
-K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 
 # The names kube-prometheus-stack joins and routes on (kube-state-metrics, cAdvisor, the Prometheus
 # Operator's AlertmanagerConfig `namespace` matcher), in the order a series gains them: a
@@ -69,27 +66,14 @@ class LabelOptions:
     cluster_label: str | None = None
 
     def validate_labels(self, error: Error) -> None:
-        """Raise ``error`` naming the flag of a label name that is invalid, reserved, taken or repeated."""
-        named = {
-            "--pod-label": self.pod_label,
-            "--namespace-label": self.namespace_label,
-            "--container-label": self.container_label,
-            "--node-label": self.node_label,
-        }
+        """Raise ``error`` naming the flag of a label name that is invalid, reserved, the exporter's own or
+        repeated: the exporter's own check of its flags (:func:`check_label_names`)."""
+        named = [("--pod-label", self.pod_label), ("--namespace-label", self.namespace_label),
+                 ("--container-label", self.container_label), ("--node-label", self.node_label)]
         if self.cluster_label is not None:
-            named["--cluster-label"] = self.cluster_label
-        for flag, value in named.items():
-            if not LABEL_RE.match(value or ""):
-                raise error(f"{flag}: {value!r} is not a valid Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
-            if value.startswith("__"):
-                raise error(f"{flag}: {value!r} starts with '__', which Prometheus reserves")
-            if value in FIXED_LABELS:
-                raise error(f"{flag}: {value!r} is a label the exporter already uses")
-        seen: dict[str, str] = {}
-        for flag, value in named.items():
-            if value in seen:
-                raise error(f"{flag} and {seen[value]} are both {value!r}; they must differ")
-            seen[value] = flag
+            named.append(("--cluster-label", self.cluster_label))
+        # --node-label names the exporter's node_name label (renamed if the scrape relabels it)
+        check_label_names(named, error, renames={"--node-label": "node_name"})
 
     def k8s_labels(self, level: str) -> tuple[tuple[str, str], ...]:
         """(kube-prometheus-stack name, exporter label it is copied from) for a series of ``level``.

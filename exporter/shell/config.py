@@ -9,30 +9,21 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from exporter.exposition.label_names import FIXED_LABELS as FIXED_LABELS  # public here too (tests)
+from exporter.exposition.label_names import check_label_names
 from exporter.exposition.pod_labels import MAX_KEY_LENGTH, MAX_LABELS_PER_POD, PREFIX, AllowlistError, parse_allowlist
+from exporter.model import OneLineError
 
 ENV_PREFIX = "KUBE_GPU_EXPORTER_"
-_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # used with fullmatch: "$" would let "pod\n" through
-
-# Every fixed label name of the exported families (exporter/exposition/rows.py, exporter/xid/stats.py).
-# A configurable pod/namespace/container label named like one of them gives a series the same label
-# twice, or makes rows of different families join on the wrong thing; tests/test_startup_errors.py
-# renders every example and fails when a family gains a label missing here.
-FIXED_LABELS = frozenset({
-    "allocate_mode", "call", "cause", "code", "compute_instance_id", "driver_version", "gpu_instance_id",
-    "link", "minor_number", "name", "node_name", "parent_uuid", "pci_bus_id", "pid", "pod_uid", "profile",
-    "reason", "result", "scheme", "type", "uuid", "version", "workload_kind", "workload_name", "xid",
-})
 
 
-class ConfigError(ValueError):
-    """A flag or environment variable has a bad value."""
+class ConfigError(OneLineError):
+    """A flag or environment variable has a bad value (one line: what it echoes is escaped)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,22 +219,6 @@ def _parse_bounded(text: str, name: str, o: Option) -> float:
     return number
 
 
-def check_label_names(named: Sequence[tuple[str, str]]) -> None:
-    """Refuse (source, label) pairs that are no label name, reserved, fixed by the rows, or shared."""
-    seen: dict[str, str] = {}
-    for source, name in named:
-        if not _LABEL.fullmatch(name):
-            raise ConfigError(f"{source} must be a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*), got {name!r}")
-        if name.startswith("__"):
-            raise ConfigError(f"{source} must be a Prometheus label name, got {name!r}: "
-                              "names starting with __ are reserved for Prometheus")
-        if name in FIXED_LABELS:
-            raise ConfigError(f"{source} {name!r} collides with the exporter's own {name!r} label")
-        if name in seen:
-            raise ConfigError(f"{seen[name]} and {source} both name the label {name!r}: they must differ")
-        seen[name] = source
-
-
 class _Parser(argparse.ArgumentParser):
     """Usage errors as ConfigError: one line on stderr like every other startup error."""
 
@@ -314,7 +289,8 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, c
     # An empty node name stays empty here: the simulated node takes the scenario's name, the real one $NODE_NAME.
     cfg = Config(**values)  # type: ignore[arg-type]
     parse_listen(cfg.listen)
-    check_label_names([(sources[d], str(values[d])) for d in ("pod_label", "namespace_label", "container_label")])
+    check_label_names([(sources[d], str(values[d])) for d in ("pod_label", "namespace_label", "container_label")],
+                      ConfigError)
     _check_pod_labels_allowlist(cfg, sources)
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{sources['log_level']} must be debug, info, warning or error, got {cfg.log_level!r}")

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from exporter.bundle.common import (
     K8S_NAME_RE,
     LABEL_FLAGS,
-    LABEL_RE,
     LabelOptions,
     changed_flags,
     is_positive_duration,
 )
 from exporter.bundle.rules import RuleOptionsError
+from exporter.exposition.label_names import label_name_error
 from exporter.xid.parse import CATALOG as XID_CATALOG
 
 DEFAULT_RUNBOOK_URL = "https://github.com/kube-gpu-exporter/kube-gpu-exporter/blob/main/docs/alerts.md"
@@ -62,8 +62,9 @@ class AlertOptions(LabelOptions):
     def validate(self) -> None:
         """Raise :class:`AlertOptionsError` with a message naming the offending option."""
         self.validate_labels(AlertOptionsError)
-        if not LABEL_RE.match(self.instance_label):
-            raise AlertOptionsError(f"--instance-label: {self.instance_label!r} is not a valid label name")
+        problem = label_name_error("--instance-label", self.instance_label)
+        if problem:
+            raise AlertOptionsError(problem)
         if not all(_SELECTOR_RE.match(m) for m in _split_matchers(self.exporter_selector)):
             raise AlertOptionsError(
                 f'--exporter-selector: {self.exporter_selector!r} must be label matchers like job="x"'
@@ -87,7 +88,7 @@ class AlertOptions(LabelOptions):
         if not self.critical_xids or not self.application_xids:
             raise AlertOptionsError("--critical-xids and --application-xids must not be empty")
         for key in self.extra_labels:
-            if not LABEL_RE.match(key) or key in ("severity", "alertname"):
+            if label_name_error("--alert-label", key) or key in ("severity", "alertname"):
                 raise AlertOptionsError(f"--alert-label: {key!r} cannot be an alert label")
         if not K8S_NAME_RE.match(self.group_name):
             raise AlertOptionsError(f"group name {self.group_name!r} must be a lowercase DNS-style name")
