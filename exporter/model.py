@@ -3,6 +3,7 @@
 Every stage takes and returns these frozen values; nothing here does I/O. Backends
 (real NVML, simulated scenario) produce :class:`NodeSample`; the /proc reader produces
 ``{pid: CgroupRef | None}``; the pod watcher produces :class:`PodInfo` values.
+:class:`OneLineError` is the base of every refused input's error (scenario, flags, web config).
 """
 
 from __future__ import annotations
@@ -12,6 +13,23 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 EMPTY: Mapping = MappingProxyType({})
+
+# Control characters (C0, DEL, C1) and the Unicode line and paragraph separators: each one a
+# str.splitlines() break or a terminal escape when an error echoes a key, a value or a path.
+_ESCAPES = str.maketrans({c: c.encode("unicode_escape").decode("ascii")
+                          for c in map(chr, [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029])})
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped as Python writes them (``\\n``, ``\\x1b``): one line."""
+    return text.translate(_ESCAPES)
+
+
+class OneLineError(ValueError):
+    """A refused input, told in one line whatever the input holds: the message is made :func:`one_line`."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ def _outcome(doc: object) -> Scenario | None:
         return parse_scenario(doc)
     except ScenarioError as e:
         assert str(e), "a scenario error must say what is wrong"
+        assert len(str(e).splitlines()) == 1, f"not one line: {str(e)!r}"
         return None
 
 

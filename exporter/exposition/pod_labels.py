@@ -26,7 +26,7 @@ from re import _parser as sre  # the parser re.compile itself uses: the tree a r
 from types import MappingProxyType
 from typing import Any
 
-from exporter.model import EMPTY, PodInfo
+from exporter.model import EMPTY, OneLineError, PodInfo
 
 PREFIX = "label_"
 MAX_KEY_LENGTH = 317
@@ -50,7 +50,7 @@ _SIMPLE = {sre.LITERAL, sre.NOT_LITERAL, sre.ANY, sre.IN, sre.AT, sre.CATEGORY}
 _REPEATS = {sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT}
 
 
-class AllowlistError(ValueError):
+class AllowlistError(OneLineError):
     """The allowlist holds a regex that does not compile or could be slow."""
 
 

@@ -10,9 +10,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.model import OneLineError
 
-class ScenarioError(ValueError):
-    """The scenario file is unusable; the message names the offending key."""
+
+class ScenarioError(OneLineError):
+    """The scenario file is unusable; the message names the offending key (escaped: one line)."""
 
 
 def as_int(value: object, where: str, minimum: int = 0, maximum: int | None = None) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.model import OneLineError
 from exporter.server.wire import Request, Response
 
 log = logging.getLogger("kube_gpu_exporter.http")
@@ -58,7 +59,7 @@ _BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
 _DUMMY_HASH = b"$2b$10$KyjVSoKu/WSK7bGvmJFxNuzRzqDl1JH9CBAJ4JxPD9SEcqmRCF.WC"
 
 
-class WebConfigError(ValueError):
+class WebConfigError(OneLineError):
     """A web config file the exporter refuses; the message is one line naming the file (and its source)."""
 
 
@@ -105,7 +106,8 @@ def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: a NUL in the path (UnicodeError is one)
-        raise WebConfigError(f"{source} {path}: cannot read it: {e}") from None
+        # A YAML error spans lines (context, caret): its words on one line are enough.
+        raise WebConfigError(f"{source} {path}: cannot read it: {' '.join(str(e).split())}") from None
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise WebConfigError(f"{source} {path}: must be a mapping, got {type(data).__name__}")
