@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,18 @@ def by(labels: Sequence[str]) -> str:
 def on(labels: Sequence[str]) -> str:
     """``on (a, b)``."""
     return f"on ({', '.join(labels)})"
+
+
+_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
+
+
+def spelled(duration: str) -> str:
+    """``10m`` as a description says it (``10 minutes``); other forms stay as written (``1h30m``)."""
+    m = re.fullmatch(r"(\d+)([smhd])", duration)
+    if not m:
+        return duration
+    n, unit = int(m.group(1)), _UNITS[m.group(2)]
+    return f"{n} {unit}{'' if n == 1 else 's'}"
 
 
 def var(label: str) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from exporter.bundle.alerts import exporter_health, gpu_hardware, gpu_health, recording_rules, usage
 from exporter.bundle.alerts.alert import Alert, Labels
-from exporter.bundle.alerts.options import AlertOptions, AlertOptionsError
+from exporter.bundle.alerts.options import ALERT_OPTIONS, AlertOptions, AlertOptionsError
 from exporter.bundle.common import (
     add_label_arguments,
     add_prometheusrule_arguments,
@@ -21,10 +21,10 @@ from exporter.bundle.common import (
     label_arguments,
     metadata_args,
     object_metadata,
-    parse_key_values,
     prometheus_rule,
     rule_file_main,
 )
+from exporter.bundle.option_table import add_option_arguments, option_values
 
 
 def build_alerts(opts: AlertOptions) -> list[Alert]:
@@ -40,7 +40,7 @@ def build_alerts(opts: AlertOptions) -> list[Alert]:
         *usage.usage_alerts(opts, lb),
     ]
     if opts.recording_rules_alert:
-        alerts.append(recording_rules.recording_rules_missing(lb))
+        alerts.append(recording_rules.recording_rules_missing(opts, lb))
     return alerts
 
 
@@ -90,76 +90,22 @@ def render_prometheusrule(
     return _header(args) + dump_yaml(doc)
 
 
-def _parse_xids(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        codes = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
-    except ValueError:
-        raise AlertOptionsError(f"{flag}: {text!r} must be comma-separated Xid numbers") from None
-    if any(c <= 0 for c in codes):
-        raise AlertOptionsError(f"{flag}: Xid numbers are positive")
-    return codes
-
-
 def build_parser() -> argparse.ArgumentParser:
-    """The ``kube-gpu-exporter alerts`` argument parser."""
+    """The ``kube-gpu-exporter alerts`` argument parser: the label flags, then :data:`ALERT_OPTIONS`'."""
     p = argparse.ArgumentParser(
         prog="kube-gpu-exporter alerts",
         description="Render the GPU alerting rules (runbook: docs/alerts.md).",
     )
-    d = AlertOptions()
     add_label_arguments(p, "label telling clusters apart (default: none)")
-    p.add_argument("--instance-label", default=d.instance_label,
-                   help="scrape-target label kept on every alert, for inhibition (default %(default)s)")
-    p.add_argument("--exporter-selector", default=d.exporter_selector,
-                   help="matchers selecting the exporter's `up` series (default %(default)s)")
-    p.add_argument("--runbook-url", default=d.runbook_url, help="URL of docs/alerts.md (default %(default)s)")
-    p.add_argument("--xid-window", default=d.xid_window, help="Xid alert window (default %(default)s)")
-    p.add_argument("--critical-xids", default=",".join(map(str, d.critical_xids)),
-                   help="node/GPU-level Xids, critical (default %(default)s)")
-    p.add_argument("--application-xids", default=",".join(map(str, d.application_xids)),
-                   help="application Xids, warning with the pod (default %(default)s)")
-    p.add_argument("--temperature-celsius", type=float, default=d.temperature_celsius,
-                   help="GPU temperature threshold (default %(default)s)")
-    p.add_argument("--idle-for", default=d.idle_for, help="how long an allocation may sit idle (default %(default)s)")
-    p.add_argument("--retired-pages-limit", type=int, default=d.retired_pages_limit,
-                   help="retired pages at which a GPU is to be replaced (default %(default)s)")
-    p.add_argument("--pcie-replays-per-minute", type=float, default=d.pcie_replays_per_minute,
-                   help="PCIe replay rate threshold (default %(default)s)")
-    p.add_argument("--throttling-for", default=d.throttling_for,
-                   help="how long a thermal or hardware slowdown lasts before it alerts (default %(default)s)")
-    p.add_argument("--power-capped-for", default=d.power_capped_for,
-                   help="how long a GPU stays at its power cap before the info alert (default %(default)s)")
-    p.add_argument("--nvlink-crc-errors-per-second", type=float, default=d.nvlink_crc_errors_per_second,
-                   help="NVLink CRC error rate threshold (default %(default)s)")
-    p.add_argument("--no-recording-rules-alert", dest="recording_rules_alert", action="store_false",
-                   help="omit KubeGpuRecordingRulesMissing (when the recording rules are not loaded)")
+    add_option_arguments(p, ALERT_OPTIONS)
     add_prometheusrule_arguments(p, "kube-gpu-exporter-alerts", "PrometheusRule metadata label, repeatable")
-    p.add_argument("--alert-label", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra label on every alert, repeatable (e.g. team=ml-platform)")
     p.add_argument("-o", "--output", default="-", help="output file (default stdout)")
-    return p  # fmt: skip
+    return p
 
 
 def options_from_args(args: argparse.Namespace) -> AlertOptions:
     """Translate parsed CLI arguments into :class:`AlertOptions` (not yet validated)."""
-    return AlertOptions(
-        **label_arguments(args),
-        instance_label=args.instance_label,
-        exporter_selector=args.exporter_selector,
-        runbook_url=args.runbook_url,
-        xid_window=args.xid_window,
-        critical_xids=_parse_xids(args.critical_xids, "--critical-xids"),
-        application_xids=_parse_xids(args.application_xids, "--application-xids"),
-        temperature_celsius=args.temperature_celsius,
-        idle_for=args.idle_for,
-        retired_pages_limit=args.retired_pages_limit,
-        pcie_replays_per_minute=args.pcie_replays_per_minute,
-        throttling_for=args.throttling_for,
-        power_capped_for=args.power_capped_for,
-        nvlink_crc_errors_per_second=args.nvlink_crc_errors_per_second,
-        recording_rules_alert=args.recording_rules_alert,
-        extra_labels=parse_key_values(args.alert_label, "--alert-label", AlertOptionsError),
-    )
+    return AlertOptions(**label_arguments(args), **option_values(args, ALERT_OPTIONS, AlertOptionsError))
 
 
 def main(argv: list[str] | None = None) -> int:

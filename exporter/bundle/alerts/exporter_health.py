@@ -7,7 +7,7 @@ alerts between these two sets.
 
 from __future__ import annotations
 
-from exporter.bundle.alerts.alert import Alert, Labels
+from exporter.bundle.alerts.alert import Alert, Labels, spelled
 from exporter.bundle.alerts.options import AlertOptions
 
 
@@ -19,9 +19,9 @@ def scrape_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
             f"up{{{opts.exporter_selector}}} == 0",
             "warning",
             "A kube-gpu-exporter target is down.",
-            f"Prometheus has failed to scrape kube-gpu-exporter at {lb.target} for 5 minutes; "
-            "GPU usage of that node is not being recorded.",
-            "5m",
+            f"Prometheus has failed to scrape kube-gpu-exporter at {lb.target} for "
+            f"{spelled(opts.exporter_down_for)}; GPU usage of that node is not being recorded.",
+            opts.exporter_down_for,
         ),
         Alert(
             "KubeGpuExporterTargetMissing",
@@ -29,18 +29,18 @@ def scrape_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
             f"absent(up{{{opts.exporter_selector}}})",
             "warning",
             "No kube-gpu-exporter target is being scraped.",
-            f"Prometheus has discovered no target matching {{{opts.exporter_selector}}} for 15 minutes; "
-            "no GPU metrics are being collected.",
-            "15m",
+            f"Prometheus has discovered no target matching {{{opts.exporter_selector}}} for "
+            f"{spelled(opts.target_missing_for)}; no GPU metrics are being collected.",
+            opts.target_missing_for,
         ),
         Alert(
             "KubeGpuNvmlDown",
             "kube_gpu_exporter_nvml_up == 0",
             "critical",
             "kube-gpu-exporter cannot initialise NVML.",
-            f"kube-gpu-exporter at {lb.target} has not been able to initialise NVML for 5 minutes; "
-            "the NVIDIA driver on that node is probably unloaded or broken.",
-            "5m",
+            f"kube-gpu-exporter at {lb.target} has not been able to initialise NVML for "
+            f"{spelled(opts.nvml_down_for)}; the NVIDIA driver on that node is probably unloaded or broken.",
+            opts.nvml_down_for,
         ),
     ]
 
@@ -63,9 +63,9 @@ def collection_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
             "kube_gpu_exporter_pod_cache_synced == 0",
             "warning",
             "kube-gpu-exporter has no pod view from the API server.",
-            f"kube-gpu-exporter at {lb.target} has not synced its pod cache for 10 minutes; GPU usage "
-            "cannot be attributed to pods.",
-            "10m",
+            f"kube-gpu-exporter at {lb.target} has not synced its pod cache for {spelled(opts.pod_cache_for)}; "
+            "GPU usage cannot be attributed to pods.",
+            opts.pod_cache_for,
         ),
         Alert(
             "KubeGpuExporterPodSyncErrors",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from exporter.bundle.alerts.alert import Alert, Labels, by, on
+from exporter.bundle.alerts.alert import Alert, Labels, by, on, spelled
 from exporter.bundle.alerts.options import AlertOptions
 from exporter.bundle.common import duration_seconds
 
@@ -76,8 +76,8 @@ def gpu_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
             "warning",
             "A GPU is running hot.",
             f"{gpu_desc} ({{{{ $labels.name }}}}) has been above {opts.temperature_celsius:g} °C for "
-            "10 minutes (now {{ $value }} °C); expect clock throttling.",
-            "10m",
+            f"{spelled(opts.temperature_for)} (now {{{{ $value }}}} °C); expect clock throttling.",
+            opts.temperature_for,
         ),
         Alert(
             "KubeGpuEccUncorrectedErrors",

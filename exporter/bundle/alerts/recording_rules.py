@@ -6,10 +6,11 @@ because an install may deliberately run without the recording rules.
 
 from __future__ import annotations
 
-from exporter.bundle.alerts.alert import Alert, Labels, by, on
+from exporter.bundle.alerts.alert import Alert, Labels, by, on, spelled
+from exporter.bundle.alerts.options import AlertOptions
 
 
-def recording_rules_missing(lb: Labels) -> Alert:
+def recording_rules_missing(opts: AlertOptions, lb: Labels) -> Alert:
     """A node exports GPU metrics, but the recording rules record nothing for it."""
     return Alert(
         "KubeGpuRecordingRulesMissing",
@@ -19,7 +20,7 @@ def recording_rules_missing(lb: Labels) -> Alert:
         "warning",
         "GPU metrics are scraped but the GPU recording rules produce nothing.",
         f"Node {lb.where} exports GPU metrics, but the recording rules of kube-gpu-exporter have not "
-        "recorded kube_node_status_capacity_gpu for it for 15 minutes; the GPU dashboards and the "
-        "HPA metrics built on the k8s_* series are empty or incomplete.",
-        "15m",
+        f"recorded kube_node_status_capacity_gpu for it for {spelled(opts.recording_rules_for)}; the GPU "
+        "dashboards and the HPA metrics built on the k8s_* series are empty or incomplete.",
+        opts.recording_rules_for,
     )

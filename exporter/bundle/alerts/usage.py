@@ -6,7 +6,7 @@ Runbook: docs/alerts.md, KubeGpuUnaccountedProcesses to KubeGpuAllocatedIdle.
 
 from __future__ import annotations
 
-from exporter.bundle.alerts.alert import Alert, Labels, by, on, var
+from exporter.bundle.alerts.alert import Alert, Labels, by, on, spelled, var
 from exporter.bundle.alerts.options import AlertOptions
 
 
@@ -25,9 +25,9 @@ def usage_alerts(opts: AlertOptions, lb: Labels) -> list[Alert]:
             ),
             "warning",
             "Processes use a GPU without an allocation.",
-            f"{{{{ $value }}}} process(es) {lb.owner} have used {lb.gpu_desc} for 15 minutes without "
-            "being allocated it; they compete with the pods that were.",
-            "15m",
+            f"{{{{ $value }}}} process(es) {lb.owner} have used {lb.gpu_desc} for "
+            f"{spelled(opts.unaccounted_for)} without being allocated it; they compete with the pods that were.",
+            opts.unaccounted_for,
         ),
         Alert(
             "KubeGpuContainerOverMemoryGrant",
