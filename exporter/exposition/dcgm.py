@@ -24,6 +24,7 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from exporter.attribution.attribute import EXCLUSIVE, NodeAttribution
+from exporter.exposition.device_fields import DEVICE_FIELDS, Dcgm, DeviceField, dcgm_value, ordered, value
 from exporter.model import DeviceSample, NodeSample, NvLinkSample
 
 MIB = 2**20
@@ -40,15 +41,11 @@ class Field:
     value: Value
 
 
-def _mib(v: int | None) -> float | None:
-    return None if v is None else float(v // MIB)  # DCGM reports whole MiB
-
-
 def _used_mib(d: DeviceSample) -> float | None:
     """DCGM's FB_USED excludes the reserved memory (nvmlMemory_v2_t.used); our used is v1's, which includes it."""
     if d.memory_used_bytes is None:
         return None
-    return _mib(max(0, d.memory_used_bytes - (d.memory_reserved_bytes or 0)))
+    return float(max(0, d.memory_used_bytes - (d.memory_reserved_bytes or 0)) // MIB)  # DCGM reports whole MiB
 
 
 def _free_mib(d: DeviceSample) -> float | None:
@@ -57,104 +54,59 @@ def _free_mib(d: DeviceSample) -> float | None:
     return float(max(0, d.memory_total_bytes - d.memory_used_bytes) // MIB)
 
 
-def _scaled(v: int | None, scale: float) -> float | None:
-    return None if v is None else v * scale
-
-
 def _link_sum(links: Iterable[NvLinkSample], *attrs: str) -> float | None:
     """The sum of ``attrs`` over the links that report them; None when none does."""
     values = [getattr(n, a) for n in links for a in attrs if getattr(n, a) is not None]
     return float(sum(values)) if values else None
 
 
-def _gpm(attr: str) -> Value:
-    return lambda d: None if d.health.gpm is None else getattr(d.health.gpm, attr)
+def _spec_field(f: DeviceField, d: Dcgm) -> Field:
+    return Field(d.name, d.kind, d.help, lambda sample: dcgm_value(d, value(f, sample)))
 
 
-def _health(attr: str) -> Value:
-    return lambda d: getattr(d.health, attr)
+# Fields computed from more than one model value; the others come from the device field table.
+_COMPUTED: tuple[tuple[bool, Field], ...] = (  # (the card's, field)
+    (False, Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _free_mib)),
+    (False, Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _used_mib)),
+    (True, Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for "
+                 "all lanes (data bytes sent and received).",
+                 lambda d: _link_sum(d.health.nvlinks, "tx_bytes", "rx_bytes"))),
+    (True, Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control "
+                 "CRC errors.", lambda d: _link_sum(d.health.nvlinks, "crc_errors"))),
+    (True, Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
+                 lambda d: _link_sum(d.health.nvlinks, "replay_errors"))),
+    (True, Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery "
+                 "errors.", lambda d: _link_sum(d.health.nvlinks, "recovery_errors"))),
+)
+# The order the series were served in before the table (kept: the text stays byte for byte); a field
+# the table adds follows these, in table order.
+_INSTANCE_ORDER = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+                   "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_TOTAL")
+_CARD_ORDER = (
+    "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+    "DCGM_FI_DEV_FAN_SPEED", "DCGM_FI_DEV_PSTATE", "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_LINK_GEN", "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+)
+
+
+def _fields(card: bool, order: tuple[str, ...]) -> tuple[Field, ...]:
+    by_name = {d.name: _spec_field(f, d) for f in DEVICE_FIELDS for d in f.dcgm if d.card == card}
+    by_name |= {f.name: f for c, f in _COMPUTED if c == card}
+    return tuple(by_name[n] for n in ordered(by_name, order))
 
 
 # What each handle answers for itself: a MIG device its own memory and utilization.
-INSTANCE_FIELDS: tuple[Field, ...] = (
-    Field("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", lambda d: d.utilization_gpu),
-    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", lambda d: d.utilization_memory),
-    Field("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %).", lambda d: d.encoder_utilization),
-    Field("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %).", lambda d: d.decoder_utilization),
-    Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _free_mib),
-    Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _used_mib),
-    Field("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).",
-          lambda d: _mib(d.memory_reserved_bytes)),
-    Field("DCGM_FI_DEV_FB_TOTAL", "gauge", "Total framebuffer memory (in MiB).",
-          lambda d: _mib(d.memory_total_bytes)),
-)
-
+INSTANCE_FIELDS: tuple[Field, ...] = _fields(False, _INSTANCE_ORDER)
 # What the physical GPU answers (a MIG device repeats its card's: exposed once per card).
-CARD_FIELDS: tuple[Field, ...] = (
-    Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", lambda d: d.sm_clock_mhz),
-    Field("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", lambda d: d.memory_clock_mhz),
-    Field("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", _health("memory_temperature_celsius")),
-    Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", lambda d: d.temperature_celsius),
-    Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).",
-          lambda d: _scaled(d.power_usage_milliwatts, 1e-3)),
-    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ).",
-          _health("energy_millijoules")),
-    Field("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "gauge", "Effective power limit the driver enforces (in W).",
-          lambda d: _scaled(d.health.power_limit_milliwatts, 1e-3)),
-    Field("DCGM_FI_DEV_FAN_SPEED", "gauge", "Fan speed (in 0-100%).", _health("fan_speed_percent")),
-    Field("DCGM_FI_DEV_PSTATE", "gauge", "Performance state (P-State) 0-15, 0 = highest.",
-          _health("performance_state")),
-    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus, in bytes per "
-          "second (NVML PCIe throughput).", lambda d: _scaled(d.health.pcie_tx_kilobytes_per_second, 1024)),
-    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus, in bytes per "
-          "second (NVML PCIe throughput).", lambda d: _scaled(d.health.pcie_rx_kilobytes_per_second, 1024)),
-    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
-          _health("pcie_replay_count")),
-    Field("DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe current link generation.", _health("pcie_link_generation")),
-    Field("DCGM_FI_DEV_PCIE_LINK_WIDTH", "gauge", "PCIe current link width.", _health("pcie_link_width")),
-    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge", "Current clock event (throttle) reasons, a bitmask.",
-          lambda d: d.clocks_event_reasons),
-    # The field's name before DCGM 3.3; alerts in use still read it (tests/data/dcgm/SOURCE.md).
-    Field("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons, a bitmask.",
-          lambda d: d.clocks_event_reasons),
-    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors.",
-          lambda d: d.ecc_corrected_total),
-    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors.",
-          lambda d: d.ecc_uncorrected_total),
-    Field("DCGM_FI_DEV_RETIRED_SBE", "counter", "Total number of retired pages due to single-bit errors.",
-          _health("retired_pages_single_bit")),
-    Field("DCGM_FI_DEV_RETIRED_DBE", "counter", "Total number of retired pages due to double-bit errors.",
-          _health("retired_pages_double_bit")),
-    Field("DCGM_FI_DEV_RETIRED_PENDING", "counter", "Total number of pages pending retirement.",
-          _health("retired_pages_pending")),
-    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for uncorrectable errors",
-          _health("remapped_rows_uncorrectable")),
-    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "Number of remapped rows for correctable errors",
-          _health("remapped_rows_correctable")),
-    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed",
-          _health("remapped_rows_failure")),
-    Field("DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "Whether remapping of rows is pending (reset the GPU)",
-          _health("remapped_rows_pending")),
-    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for all "
-          "lanes (data bytes sent and received).", lambda d: _link_sum(d.health.nvlinks, "tx_bytes", "rx_bytes")),
-    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control CRC "
-          "errors.", lambda d: _link_sum(d.health.nvlinks, "crc_errors")),
-    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
-          lambda d: _link_sum(d.health.nvlinks, "replay_errors")),
-    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors.",
-          lambda d: _link_sum(d.health.nvlinks, "recovery_errors")),
-    # DCGM's profiling (DCP) fields from NVML's GPM: Hopper and newer, absent elsewhere (never 0).
-    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active.",
-          _gpm("graphics_active")),
-    Field("DCGM_FI_PROF_SM_ACTIVE", "gauge", "The ratio of cycles an SM has at least 1 warp assigned.",
-          _gpm("sm_active")),
-    Field("DCGM_FI_PROF_SM_OCCUPANCY", "gauge", "The ratio of number of warps resident on an SM.",
-          _gpm("sm_occupancy")),
-    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active.",
-          _gpm("tensor_active")),
-    Field("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is active sending or "
-          "receiving data.", _gpm("dram_active")),
-)
+CARD_FIELDS: tuple[Field, ...] = _fields(True, _CARD_ORDER)
 XID_FAMILY = "DCGM_FI_DEV_XID_ERRORS"
 XID_HELP = "Value of the last XID error encountered."
 FAMILY_NAMES = (*(f.name for f in INSTANCE_FIELDS), *(f.name for f in CARD_FIELDS), XID_FAMILY)

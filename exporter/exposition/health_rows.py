@@ -17,9 +17,12 @@ from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from exporter.exposition.device_fields import in_group, native, value
 from exporter.model import DeviceHealth, DeviceSample
 
 BASE = ("node_name", "uuid", "minor_number", "name")
+HEALTH_FIELDS = in_group("health")
+GPM_FIELDS = in_group("gpm")
 
 # nvmlClocksEventReasons bits (nvml.h); the raw mask stays in nvidia_gpu_clocks_event_reasons,
 # so a bit a newer driver adds is visible there even though it is not decoded here.
@@ -33,52 +36,6 @@ CLOCKS_EVENT_REASONS: tuple[tuple[int, str], ...] = (
     (0x40, "hw_thermal_slowdown"),
     (0x80, "hw_power_brake_slowdown"),
     (0x100, "display_clock_setting"),
-)
-
-# (family, help, DeviceHealth field, NVML units per base unit): one gauge row per device. Dividing
-# (mW / 1000) rather than multiplying by 1e-3 keeps whole watts whole.
-_GAUGES: tuple[tuple[str, str, str, float], ...] = (
-    ("nvidia_gpu_power_limit_watts", "Enforced power limit in watts (nvmlDeviceGetEnforcedPowerLimit)",
-     "power_limit_milliwatts", 1000),
-    ("nvidia_gpu_fan_speed_ratio", "Fan speed as a ratio of its maximum, 0..1 (nvmlDeviceGetFanSpeed)",
-     "fan_speed_percent", 100),
-    ("nvidia_gpu_performance_state", "Performance state, 0 (P0, maximum) to 15 (nvmlDeviceGetPerformanceState)",
-     "performance_state", 1),
-    ("nvidia_gpu_memory_temperature_celsius",
-     "Memory (HBM) temperature in celsius (nvmlDeviceGetFieldValues NVML_FI_DEV_MEMORY_TEMP)",
-     "memory_temperature_celsius", 1),
-    ("nvidia_gpu_pcie_transmit_bytes_per_second",
-     "PCIe transmit throughput in bytes per second (nvmlDeviceGetPcieThroughput TX_BYTES)",
-     "pcie_tx_kilobytes_per_second", 1 / 1024),
-    ("nvidia_gpu_pcie_receive_bytes_per_second",
-     "PCIe receive throughput in bytes per second (nvmlDeviceGetPcieThroughput RX_BYTES)",
-     "pcie_rx_kilobytes_per_second", 1 / 1024),
-    ("nvidia_gpu_pcie_link_generation", "Current PCIe link generation (nvmlDeviceGetCurrPcieLinkGeneration)",
-     "pcie_link_generation", 1),
-    ("nvidia_gpu_pcie_link_width", "Current PCIe link width in lanes (nvmlDeviceGetCurrPcieLinkWidth)",
-     "pcie_link_width", 1),
-    ("nvidia_gpu_retired_pages_pending",
-     "1 while retired pages wait for a GPU reset to take effect (nvmlDeviceGetRetiredPagesPendingStatus)",
-     "retired_pages_pending", 1),
-    ("nvidia_gpu_remapped_rows_pending",
-     "1 while a row remap waits for a GPU reset: reset the GPU (nvmlDeviceGetRemappedRows isPending)",
-     "remapped_rows_pending", 1),
-    ("nvidia_gpu_remapped_rows_failure",
-     "1 once a row remap failed: replace the GPU (nvmlDeviceGetRemappedRows failureOccurred)",
-     "remapped_rows_failure", 1),
-)
-
-# (family, help, GpmSample field): ratios 0..1 over the last sampling period.
-_GPM: tuple[tuple[str, str, str], ...] = (
-    ("nvidia_gpu_graphics_engine_active_ratio",
-     "Ratio of time the graphics or compute engine was active (nvmlGpmMetricsGet GRAPHICS_UTIL)", "graphics_active"),
-    ("nvidia_gpu_sm_active_ratio", "Ratio of time the SMs were active (nvmlGpmMetricsGet SM_UTIL)", "sm_active"),
-    ("nvidia_gpu_sm_occupancy_ratio",
-     "Ratio of resident warps to the SMs' maximum (nvmlGpmMetricsGet SM_OCCUPANCY)", "sm_occupancy"),
-    ("nvidia_gpu_tensor_pipe_active_ratio",
-     "Ratio of time any tensor pipe was active (nvmlGpmMetricsGet ANY_TENSOR_UTIL)", "tensor_active"),
-    ("nvidia_gpu_dram_active_ratio",
-     "Ratio of time device memory was read or written (nvmlGpmMetricsGet DRAM_BW_UTIL)", "dram_active"),
 )
 
 _NVLINK_ERRORS = (("crc", "crc_errors"), ("replay", "replay_errors"), ("recovery", "recovery_errors"))
@@ -148,16 +105,10 @@ def health_families(devices: Iterable[DeviceSample], node: str) -> list[Metric]:
 
 def _scalars(b: _Builder, d: DeviceSample, lbl: list[str]) -> None:
     h = d.health
-    _put(b.counter("nvidia_gpu_energy_consumption_joules",
-                   "Energy the GPU consumed since the driver loaded, in joules "
-                   "(nvmlDeviceGetTotalEnergyConsumption)"), lbl, h.energy_millijoules, 1000)
-    _put(b.gauge("nvidia_gpu_memory_reserved_bytes",
-                 "Device memory reserved by the driver and firmware, in bytes (nvmlDeviceGetMemoryInfo v2 reserved)"),
-         lbl, d.memory_reserved_bytes)
-    for name, doc, attr, per_unit in _GAUGES:
-        _put(b.gauge(name, doc), lbl, getattr(h, attr), per_unit)
-    _put(b.counter("nvidia_gpu_pcie_replays", "PCIe replays since the driver loaded (nvmlDeviceGetPcieReplayCounter)"),
-         lbl, h.pcie_replay_count)
+    for f in HEALTH_FIELDS:  # the device field table's health families, in its order
+        fam = b.counter(f.family, f.help) if f.kind == "counter" else b.gauge(f.family, f.help)
+        if (v := value(f, d)) is not None:
+            fam.add_metric(lbl, native(f, v))
     pages = b.gauge("nvidia_gpu_retired_pages",
                     "Device memory pages retired, by cause (nvmlDeviceGetRetiredPages)", ("cause",))
     _put(pages, [*lbl, "single_bit_ecc"], h.retired_pages_single_bit)
@@ -199,7 +150,7 @@ def _nvlinks(b: _Builder, h: DeviceHealth, lbl: list[str]) -> None:
 
 
 def _gpm(b: _Builder, h: DeviceHealth, lbl: list[str]) -> None:
-    for name, doc, attr in _GPM:
-        fam = b.gauge(name, doc)
-        if h.gpm is not None:
-            _put(fam, lbl, getattr(h.gpm, attr))
+    for f in GPM_FIELDS:
+        fam = b.gauge(f.family, f.help)
+        if h.gpm is not None and (v := getattr(h.gpm, f.attr.removeprefix("gpm."))) is not None:
+            fam.add_metric(lbl, native(f, v))

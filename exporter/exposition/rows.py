@@ -22,6 +22,7 @@ from exporter.attribution.attribute import (
     granted_memory,
 )
 from exporter.attribution.usage_counters import UsageCounters
+from exporter.exposition.device_fields import in_group, native, value
 from exporter.exposition.health_rows import health_families
 from exporter.exposition.label_names import LabelNames  # also imported from here by callers
 from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, select_pod_labels
@@ -42,6 +43,7 @@ class ExporterStats:
     snapshot_timestamp: float = 0.0
 
 
+DEVICE_GAUGES = in_group("device")
 HELP = {
     "nvidia_gpu_duty_cycle": "Percent of time over the past sample period during which one or more kernels "
     "were executing on the GPU device",
@@ -204,16 +206,6 @@ def _device_families(f: _Families, sample: NodeSample, node: str) -> None:
     base = ["node_name", "uuid", "minor_number", "name"]
     info = f.gauge("nvidia_gpu_info", "GPU device information", [*base, "pci_bus_id", "driver_version"])
     up = f.gauge("nvidia_gpu_up", "1 unless NVML reported the GPU lost", base)
-    gauges = [
-        ("nvidia_gpu_memory_utilization", "Percent of time device memory was read or written",
-         "utilization_memory", 1),
-        ("nvidia_gpu_sm_clock_hertz", "SM clock in hertz", "sm_clock_mhz", 1e6),
-        ("nvidia_gpu_memory_clock_hertz", "Memory clock in hertz", "memory_clock_mhz", 1e6),
-        ("nvidia_gpu_encoder_utilization", "Encoder utilization in percent", "encoder_utilization", 1),
-        ("nvidia_gpu_decoder_utilization", "Decoder utilization in percent", "decoder_utilization", 1),
-        ("nvidia_gpu_clocks_event_reasons", "Bitmask of current clocks event (throttle) reasons",
-         "clocks_event_reasons", 1),
-    ]
     ecc = f.gauge("nvidia_gpu_ecc_errors", "Volatile ECC error count since the driver loaded",
                   [*base, "type"])
     for d in sample.devices:
@@ -225,10 +217,9 @@ def _device_families(f: _Families, sample: NodeSample, node: str) -> None:
                     [*base, "parent_uuid", "profile", "gpu_instance_id", "compute_instance_id"]).add_metric(
                 [*lbl, d.parent_uuid, d.mig_profile, _opt(d.gpu_instance_id), _opt(d.compute_instance_id)], 1)
         up.add_metric(lbl, 0 if d.lost else 1)
-        for name, doc, attr, scale in gauges:
-            value = getattr(d, attr)
-            if value is not None:
-                f.gauge(name, doc, base).add_metric(lbl, value * scale)
+        for spec in DEVICE_GAUGES:  # the device field table's device families, in its order
+            if (v := value(spec, d)) is not None:
+                f.gauge(spec.family, spec.help, base).add_metric(lbl, native(spec, v))
         _add(ecc, [*lbl, "corrected"], d.ecc_corrected_total)
         _add(ecc, [*lbl, "uncorrected"], d.ecc_uncorrected_total)
     f.extend(health_families(sample.devices, node))

@@ -25,6 +25,7 @@ from exporter.attribution.attribute import (
     PlacedAllocation,
     ProcessAttribution,
 )
+from exporter.exposition.device_fields import DEVICE_FIELDS, ordered, status_value, value
 from exporter.exposition.health_rows import decode_clocks_event_reasons
 from exporter.exposition.rows import ExporterStats
 from exporter.model import DeviceHealth, DeviceSample, NodeSample
@@ -56,30 +57,30 @@ def thaw(value: Any) -> Any:
     return value
 
 
-def _watts(milliwatts: int | None) -> float | None:
-    return None if milliwatts is None else milliwatts / 1000
+# The keys' order before the device field table (kept: /status.json stays byte for byte); a key the
+# table adds follows these, in table order.
+_STATUS_ORDER = ("utilization_percent", "memory_utilization_percent", "memory_used_bytes", "memory_total_bytes",
+                 "power_watts", "power_limit_watts", "temperature_celsius", "energy_joules")
+_STATUS_FIELDS = {f.status: f for f in DEVICE_FIELDS if f.status}
+STATUS_KEYS = tuple(ordered(_STATUS_FIELDS, _STATUS_ORDER))
 
 
 def _device_values(d: DeviceSample) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "uuid": d.uuid,
         "model": d.name,
         "minor": d.minor_number,
         "index": d.index,
         "pci_bus_id": d.pci_bus_id,
         "state": "lost" if d.lost else "up",
-        "utilization_percent": d.utilization_gpu,
-        "memory_utilization_percent": d.utilization_memory,
-        "memory_used_bytes": d.memory_used_bytes,
-        "memory_total_bytes": d.memory_total_bytes,
-        "power_watts": _watts(d.power_usage_milliwatts),
-        "power_limit_watts": _watts(d.health.power_limit_milliwatts),
-        "temperature_celsius": d.temperature_celsius,
-        "energy_joules": None if (mj := d.health.energy_millijoules) is None else mj / 1000,
-        "clocks_event_reasons": None if d.clocks_event_reasons is None
-        else list(decode_clocks_event_reasons(d.clocks_event_reasons)),
-        "remapped_rows": _remapped_rows(d.health),
     }
+    for key in STATUS_KEYS:
+        f = _STATUS_FIELDS[key]
+        out[key] = status_value(f, value(f, d))
+    out["clocks_event_reasons"] = None if d.clocks_event_reasons is None else list(
+        decode_clocks_event_reasons(d.clocks_event_reasons))
+    out["remapped_rows"] = _remapped_rows(d.health)
+    return out
 
 
 def _remapped_rows(h: DeviceHealth) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from exporter.exposition.device_fields import COLUMNS
 from exporter.exposition.health_notes import health_notes
 
 REFRESH_SECONDS = 5
@@ -97,11 +98,15 @@ def _gpu_row(g: Mapping[str, Any]) -> list[str]:
     return [
         f"<code>{esc(g['uuid'])}</code>", esc(g["model"]), esc(g["minor"]),
         _flag(g["state"] == "up", "up", "lost"), esc(g["allocate_mode"]), _pct(g["utilization_percent"]),
-        f"{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}", power, temp, energy, _health(g),
+        f"{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}", power, temp, energy,
+        *(esc(g.get(f.status)) for f in COLUMNS), _health(g),
     ]
 
 
-GPU_HEADERS = ("UUID", "Model", "Minor", "State", "Mode", "Util", "Memory", "Power", "Temp", "Energy", "Health")
+# the device field table's columns (exporter/exposition/device_fields.py) go before Health
+GPU_HEADERS = ("UUID", "Model", "Minor", "State", "Mode", "Util", "Memory", "Power", "Temp", "Energy",
+               *(f.column for f in COLUMNS), "Health")
+_NUMERIC = frozenset(range(5, 10 + len(COLUMNS)))
 
 
 def _health(g: Mapping[str, Any]) -> str:
@@ -149,7 +154,7 @@ def _device(g: Mapping[str, Any], mig: bool = False) -> str:
     title = f"MIG {esc(g['mig']['profile'])} (GI {esc(g['mig']['gpu_instance_id'])})" if mig else (
         f"GPU {esc(g['minor'])}: {esc(g['model'])}")
     parts = [f'<section class="{"gpu mig" if mig else "gpu"}"><h2>{title}</h2>',
-             _table(GPU_HEADERS, [_gpu_row(g)], frozenset({5, 6, 7, 8, 9})),
+             _table(GPU_HEADERS, [_gpu_row(g)], _NUMERIC),
              _containers(g["containers"]) if g["containers"] or not g.get("instances") else "",
              _unaccounted(g["unaccounted"]), _xids(g["xids"], g["last_xid_at"])]
     parts += [_device(i, mig=True) for i in g.get("instances", ())]

@@ -13,14 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.exposition.device_fields import COLUMNS
 from exporter.exposition.health_notes import health_notes
 
 GIB = 1024**3
 MAX_BODY = 16 * 1024 * 1024  # a status tree is kilobytes; refuse anything absurd
 Row = tuple[str, ...]
 
+# the device field table's columns (exporter/exposition/device_fields.py) go before Health
 GPU_COLUMNS: Row = ("GPU", "Model", "State", "Mode", "Util %", "Mem util %", "Memory GiB", "Power W", "Temp C",
-                    "Energy kWh", "Health")
+                    "Energy kWh", *(f.column for f in COLUMNS), "Health")
 CONTAINER_COLUMNS: Row = ("GPU", "Namespace", "Pod", "Container", "Mode", "Scheme",
                           "Grant SM %", "Use SM %", "Grant mem GiB", "Use mem GiB")
 UNACCOUNTED_COLUMNS: Row = ("GPU", "PID", "SM %", "Memory GiB", "Namespace", "Pod", "Container")
@@ -135,7 +137,8 @@ def gpu_row(label: str, gpu: Mapping[str, Any]) -> Row:
     energy = _num(joules / 3.6e6, 2) if isinstance(joules, int | float) and not isinstance(joules, bool) else "-"
     return (label, _text(gpu.get("model")), _text(gpu.get("state")), _text(gpu.get("allocate_mode")),
             _num(gpu.get("utilization_percent")), _num(gpu.get("memory_utilization_percent")), memory, power,
-            _num(gpu.get("temperature_celsius")), energy, _health(gpu))
+            _num(gpu.get("temperature_celsius")), energy, *(_num(gpu.get(f.status), 1) for f in COLUMNS),
+            _health(gpu))
 
 
 def container_row(label: str, c: Mapping[str, Any]) -> Row:
