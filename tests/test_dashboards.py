@@ -29,6 +29,7 @@ from exporter.bundle.dashboards.options import DashboardOptions, DashboardOption
 from exporter.bundle.dashboards.panels import DATASOURCE, UNITS
 from exporter.bundle.dashboards.render import DASHBOARDS, render_configmaps, render_dashboards
 from exporter.bundle.rules import RuleOptions, render_rules
+from exporter.shell.generate import BANNER
 from tests.prom_support import (
     PROMETHEUS,
     ROOT,
@@ -103,16 +104,14 @@ def test_committed_json_is_fresh(tmp_path: Path) -> None:
     assert sorted(fresh) == sorted(committed) == sorted(f"kube-gpu-{n}.json" for n in DASHBOARDS)
     for name in fresh:
         assert committed[name] == fresh[name], (
-            f"dashboards/{name} is stale: regenerate with `kube-gpu-exporter dashboards -o dashboards`"
+            f"dashboards/{name} is stale: run scripts/generate.sh"
         )
 
 
 def test_committed_configmaps_are_fresh(tmp_path: Path) -> None:
     out = tmp_path / "cm.yaml"
     assert dashboards_cli.main(["--format=configmap", "-o", str(out)]) == 0
-    assert (ROOT / CONFIGMAP).read_text() == out.read_text(), (
-        f"{CONFIGMAP} is stale: regenerate with `kube-gpu-exporter dashboards --format configmap -o {CONFIGMAP}`"
-    )
+    assert (ROOT / CONFIGMAP).read_text() == BANNER + out.read_text(), f"{CONFIGMAP} is stale: run scripts/generate.sh"
 
 
 def test_configmaps_carry_the_json_files_for_the_grafana_sidecar() -> None:
@@ -476,5 +475,5 @@ def test_docs_describe_every_panel_variable_and_option() -> None:
         for var in _variables(board):
             assert f"`{var['query']}`" in doc, var["query"]
     assert not undocumented_flags(dashboards_cli.build_parser(), doc)
-    assert "kube-gpu-exporter dashboards -o dashboards\n" in doc
-    assert f"kube-gpu-exporter dashboards --format configmap -o {CONFIGMAP}\n" in doc
+    assert "scripts/generate.sh\n" in doc and f"`{CONFIGMAP}`" in doc
+    assert "kube-gpu-exporter dashboards -o dashboards\n" not in doc  # the one command, not one per file

@@ -21,6 +21,7 @@ import yaml
 
 from exporter.bundle.rules import RuleOptions, render_rules
 from exporter.shell.config import OPTIONS, load_config
+from exporter.shell.generate import BANNER
 from exporter.xid.events import EVENT_NAMESPACE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -654,16 +655,8 @@ def test_prometheusrule_groups_equal_the_generated_bundle():
 
 def test_chart_copy_of_the_rules_is_fresh():
     copy = (CHART / "files" / "recording-rules.yaml").read_text()
-    assert copy == render_rules(RuleOptions()), "stale: run scripts/sync-chart-rules.sh"
-
-
-def test_sync_script_writes_the_bundle(tmp_path):
-    # the script also writes the alerts and dashboards (tests/test_helm_monitoring.py checks those)
-    proc = subprocess.run([str(ROOT / "scripts" / "sync-chart-rules.sh"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(ROOT / ".venv/bin/python")})
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "recording-rules.yaml").read_text() == render_rules(RuleOptions())
+    assert copy == BANNER + render_rules(RuleOptions()), "stale: run scripts/generate.sh"
+    assert copy == (ROOT / "rules" / "kube-gpu-exporter.rules.yaml").read_text()
 
 
 def test_promtool_accepts_the_rules_of_the_rendered_prometheusrule(tmp_path):

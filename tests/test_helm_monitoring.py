@@ -23,7 +23,7 @@ from exporter.bundle.alerts.cli import render_alerts
 from exporter.bundle.alerts.options import DEFAULT_RUNBOOK_URL, AlertOptions
 from exporter.bundle.dashboards.options import DashboardOptions
 from exporter.bundle.dashboards.render import render_dashboards
-from exporter.bundle.rules import RuleOptions, render_rules
+from exporter.shell.generate import BANNER
 from tests.test_helm import (
     ALERT_RULES,
     ALL_ON,
@@ -120,7 +120,7 @@ def test_alert_groups_equal_the_generated_bundle_and_the_committed_files():
 
 def test_chart_copy_of_the_alerts_is_fresh():
     copy = (CHART / "files" / "alerts.yaml").read_text()
-    assert copy == render_alerts(AlertOptions()), "stale: run scripts/sync-chart-rules.sh"
+    assert copy == BANNER + render_alerts(AlertOptions()), "stale: run scripts/generate.sh"
     assert copy == (ROOT / "alerts" / "kube-gpu-exporter.alerts.yaml").read_text()
 
 
@@ -391,7 +391,7 @@ def test_one_configmap_per_committed_dashboard_with_its_exact_json():
 def test_chart_copy_of_the_dashboards_is_fresh():
     generated = render_dashboards(DashboardOptions())
     copies = {p.name: p.read_text() for p in (CHART / "files" / "dashboards").glob("*")}
-    assert copies == generated, "stale: run scripts/sync-chart-rules.sh"
+    assert copies == generated, "stale: run scripts/generate.sh"
     assert sorted(generated) == DASHBOARD_FILES
 
 
@@ -494,20 +494,7 @@ def test_rbac_daemonset_and_other_objects_are_unchanged_by_the_switches(alerts, 
 
 
 # --------------------------------------------------------------------------------------------
-# scripts/sync-chart-rules.sh and docs/deploy.md
-
-
-def test_sync_script_writes_the_alerts_and_the_dashboards(tmp_path):
-    (tmp_path / "dashboards").mkdir()
-    (tmp_path / "dashboards" / "removed-dashboard.json").write_text("{}")  # a dashboard since dropped
-    proc = subprocess.run([str(ROOT / "scripts" / "sync-chart-rules.sh"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(ROOT / ".venv/bin/python")})
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "recording-rules.yaml").read_text() == render_rules(RuleOptions())
-    assert (tmp_path / "alerts.yaml").read_text() == render_alerts(AlertOptions())
-    written = {p.name: p.read_text() for p in (tmp_path / "dashboards").iterdir()}
-    assert written == render_dashboards(DashboardOptions())
+# docs/deploy.md (scripts/generate.sh writing the chart's copies: tests/test_generate.py)
 
 
 def test_deploy_doc_lists_every_alerts_and_dashboards_value():
