@@ -25,7 +25,7 @@ from exporter.exposition.pod_labels import parse_allowlist
 from exporter.exposition.rows import LabelNames
 from exporter.node.pod_store import PodStore
 from exporter.node.simulate import ScenarioProc, SimulatedBackend, parse_scenario
-from exporter.pipeline.sampler import Pipeline, PodState
+from exporter.pipeline.cycle import Pipeline, PodState, Settings, Sources
 from tests.k8s_double import make_container, make_pod
 
 T0 = 1_700_000_000.0  # the fake clock's start: the rendered bodies carry it, the server moves counters on
@@ -185,11 +185,13 @@ def run_pipeline(node: Node, *, per_process: bool = False, allowlist: str = "", 
     store.replace(list(sc.pods), "1")
     view, skips = store.view(), dict(store.skips())
     ticks, stamps = _fake_clock(T0), _fake_clock(T0)
-    pipeline = Pipeline(
+    sources = Sources(
         SimulatedBackend(sc, clock=lambda: next(ticks)), ScenarioProc(sc),
-        lambda: PodState(view=view, synced=True, last_sync=time.time(), skips=skips), node.name, LabelNames(),
-        node_labels=lambda: sc.node_labels, pod_resources=lambda: sc.pod_resources, per_process=per_process,
-        clock=lambda: next(stamps), node_capacity=lambda: sc.node_capacity, pod_labels=parse_allowlist(allowlist))
+        lambda: PodState(view=view, synced=True, last_sync=time.time(), skips=skips),
+        node_labels=lambda: sc.node_labels, pod_resources=lambda: sc.pod_resources,
+        node_capacity=lambda: sc.node_capacity)
+    pipeline = Pipeline(sources, Settings(node.name, LabelNames(), per_process, parse_allowlist(allowlist),
+                                          clock=lambda: next(stamps)))
     return [pipeline.step()[0].body for _ in range(cycles)]
 
 

@@ -52,7 +52,7 @@ OURS_CYCLE = textwrap.dedent("""
     from exporter.shell.config import load_config
     daemon = build_daemon(load_config(sys.argv[2:]))
     deadline = time.monotonic() + 60
-    while not daemon.pipeline.pods().synced and time.monotonic() < deadline:
+    while not daemon.pipeline.sources.pods().synced and time.monotonic() < deadline:
         time.sleep(0.05)
     daemon.pipeline.step()  # NVML init and the identity reads happen once
     out = []

@@ -245,3 +245,11 @@ class PodResources:
     name: str
     namespace: str
     containers: tuple[PodResourcesContainer, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class XidSummary:
+    """The Xid watcher's counts as one cycle's outputs read them (the status page, dcgm-compat)."""
+
+    counts: Mapping[tuple[str, int], int] = field(default_factory=lambda: EMPTY)  # (uuid, xid) -> count, all pods
+    latest: Mapping[str, tuple[float, int]] = field(default_factory=lambda: EMPTY)  # uuid -> (unix time, Xid)

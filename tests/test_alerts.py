@@ -475,7 +475,7 @@ def _expected_at_alertmanager(instance: str) -> dict[str, dict[str, Any]]:
 
 def _e2e_alerts_text() -> str:
     text = render_alerts(AlertOptions())
-    assert text == (ALERTS / "kube-gpu-exporter.alerts.yaml").read_text()
+    assert BANNER + text == (ALERTS / "kube-gpu-exporter.alerts.yaml").read_text(), "run scripts/generate.sh"
     doc = yaml.safe_load(text)
     for rule in doc["groups"][0]["rules"]:
         if rule["alert"] in _expected_at_alertmanager(""):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.attribution.allocations import compute_allocations
+from exporter.attribution.allocations import AllocationInputs, compute_allocations
 from exporter.attribution.attribute import (
     EXCLUSIVE,
     NONE,
@@ -82,7 +82,7 @@ def in_pod(n: int, container: int = 0) -> CgroupRef:
 
 
 def run(devices, pids, pods: Pods, node_labels=None, pod_resources=None) -> NodeAttribution:
-    allocs = compute_allocations(pods.pods.values(), devices, node_labels or {}, pod_resources)
+    allocs = compute_allocations(AllocationInputs(pods.pods.values(), devices, node_labels or {}, pod_resources))
     return attribute(NodeSample(1.0, tuple(devices)), pids, pods, allocs.allocations)
 
 
@@ -163,7 +163,7 @@ def test_gpushare_allocation_annotation_json_places_per_container():
 ])
 def test_gpushare_memory_unit_from_the_node_capacity(capacity, asked, expected, skips):
     p = pod(1, {"aliyun.com/gpu-mem": asked}, {"ALIYUN_COM_GPU_MEM_IDX": "1"})
-    result = compute_allocations([p], [gpu(0), gpu(1)], {}, None, capacity)
+    result = compute_allocations(AllocationInputs([p], [gpu(0), gpu(1)], {}, None, capacity))
     assert [(x.uuid, x.memory_bytes) for x in result.allocations] == [("GPU-1", expected)]
     assert result.skips == skips
 
@@ -173,7 +173,7 @@ def test_gpushare_memory_unit_from_the_node_capacity(capacity, asked, expected, 
 def test_gpushare_never_allocates_more_than_the_card(request, capacity, placed):
     p = pod(1, {"aliyun.com/gpu-mem": str(request)}, {"ALIYUN_COM_GPU_MEM_IDX": "0"} if placed else {})
     cap = {} if capacity is None else {"aliyun.com/gpu-mem": str(capacity)}
-    result = compute_allocations([p], [gpu(0)], {}, None, cap)
+    result = compute_allocations(AllocationInputs([p], [gpu(0)], {}, None, cap))
     assert all(0 <= (x.memory_bytes or 0) <= TOTAL for x in result.allocations)
 
 
@@ -198,7 +198,7 @@ def test_vcuda_predicate_index_is_the_device_minor_not_the_nvml_index():
     assert [d.mode for d in a.devices] == [SHARE, EXCLUSIVE]
     # a minor no device has is a counted skip, never another GPU's index
     stray = pod(3, {"tencent.com/vcuda-core": "40"}, {"tencent.com/predicate-gpu-idx-0": "0"})
-    result = compute_allocations([stray], devices, {})
+    result = compute_allocations(AllocationInputs([stray], devices, {}))
     assert [x.uuid for x in result.allocations] == [None]
     assert result.skips == {"annotation_unknown_gpu_minor": 1}
 
@@ -249,7 +249,7 @@ def test_hami_layout_from_which_containers_request_gpus_when_the_count_fits_neit
     # one segment for 1 init + 2 containers: only the old layout gives it to a GPU container
     ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,10:"}
     p = with_init(pod(1, {"nvidia.com/gpu": "1"}, ann, containers=2), {})
-    result = compute_allocations([p], [gpu(0)], {})
+    result = compute_allocations(AllocationInputs([p], [gpu(0)], {}))
     assert [(x.container, x.uuid) for x in result.allocations] == [("c0", "GPU-0")]
     assert result.skips == {}
 
@@ -258,7 +258,7 @@ def test_hami_unreadable_layout_is_a_counted_skip_not_a_guess():
     # 1 init + 2 containers, 4 segments: fits neither count, and both layouts put a segment on a GPU-less container
     ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,10:;GPU-1,NVIDIA,1000,10:;;GPU-1,NVIDIA,1,1:;"}
     p = with_init(pod(1, {"nvidia.com/gpu": "1"}, ann, containers=2), {})
-    result = compute_allocations([p], [gpu(0), gpu(1)], {})
+    result = compute_allocations(AllocationInputs([p], [gpu(0), gpu(1)], {}))
     assert result.skips == {"hami_annotation_layout_unknown": 2}
     assert [x.uuid for x in result.allocations] == [None, None]  # placed by processes, if any
 
@@ -284,7 +284,7 @@ def test_hami_init_container_allocation_while_it_may_run(phase, terminated, side
     init = ContainerInfo("warmup", 0, None, MappingProxyType({"nvidia.com/gpu": "1"}), init=True,
                          sidecar=sidecar, terminated=terminated)
     p = replace(pod(1, {}, ann, phase=phase), init_containers=(init,))
-    result = compute_allocations([p], [gpu(0)], {})
+    result = compute_allocations(AllocationInputs([p], [gpu(0)], {}))
     assert [(x.container, x.uuid) for x in result.allocations] == ([("warmup", "GPU-0")] if held else [])
 
 
@@ -292,7 +292,7 @@ def test_init_containers_are_not_allocated_whole_gpus_twice():
     # the kubelet reuses an init container's devices for the app containers: only the app's count
     init = ContainerInfo("setup", 0, None, MappingProxyType({"nvidia.com/gpu": "1"}), init=True)
     p = replace(pod(1, {"nvidia.com/gpu": "1"}, phase="Pending"), init_containers=(init,))
-    result = compute_allocations([p], [gpu(0)], {})
+    result = compute_allocations(AllocationInputs([p], [gpu(0)], {}))
     assert [x.container for x in result.allocations] == ["c0"]
 
 
@@ -313,7 +313,7 @@ def test_hami_dynamic_mig_attributes_to_the_mig_instance_not_the_parent():
     p = pod(1, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"},
             {"hami.io/vgpu-devices-allocated": "GPU-P,NVIDIA,8000,0:;", "hami.io/vgpu-mig-allocations": migs})
     devices = [mig("MIG-aaaa", "GPU-P", 24 * GIB, ((100, GIB, 30),)), mig("MIG-bbbb", "GPU-P", 24 * GIB)]
-    allocs = compute_allocations([p], devices, {})
+    allocs = compute_allocations(AllocationInputs([p], devices, {}))
     assert allocs.skips == {}
     a = attribute(NodeSample(1.0, tuple(devices)), {100: in_pod(1)}, Pods.of(p), allocs.allocations)
     assert [(x.uuid, x.allocate_mode, x.memory_bytes) for x in a.allocations] == [("MIG-aaaa", EXCLUSIVE, 24 * GIB)]
@@ -325,7 +325,7 @@ def test_hami_mig_instance_not_created_yet_is_placed_by_processes():
     p = pod(1, {"nvidia.com/gpu": "1"},
             {"hami.io/vgpu-devices-allocated": "GPU-P,NVIDIA,8000,0:;", "hami.io/vgpu-mig-allocations": migs})
     devices = [mig("MIG-aaaa", "GPU-P", 24 * GIB, ((100, GIB, 30),))]
-    allocs = compute_allocations([p], devices, {})
+    allocs = compute_allocations(AllocationInputs([p], devices, {}))
     assert allocs.skips == {"hami_mig_instance_unknown": 1}
     a = attribute(NodeSample(1.0, tuple(devices)), {100: in_pod(1)}, Pods.of(p), allocs.allocations)
     assert [x.uuid for x in a.allocations] == ["MIG-aaaa"]
@@ -335,7 +335,7 @@ def test_hami_mig_instance_not_created_yet_is_placed_by_processes():
 def test_hami_malformed_mig_annotation_is_a_counted_skip(raw):
     p = pod(1, {"nvidia.com/gpu": "1"},
             {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,8000,0:;", "hami.io/vgpu-mig-allocations": raw})
-    result = compute_allocations([p], [gpu(0)], {})
+    result = compute_allocations(AllocationInputs([p], [gpu(0)], {}))
     assert result.skips == {"malformed_hami_mig_annotation": 1}
     assert [x.uuid for x in result.allocations] == ["GPU-0"]
 
@@ -349,7 +349,7 @@ _hami_text = st.lists(st.sampled_from(["GPU-0", "GPU-1", ",", "NVIDIA", ":", ";"
 def test_hami_any_annotation_places_only_on_listed_gpus(annotation, n_init, n_main, init_gpu):
     p = with_init(pod(1, {"nvidia.com/gpu": "1"}, {"hami.io/vgpu-devices-allocated": annotation}, containers=n_main),
                   *([{"nvidia.com/gpu": "1"} if init_gpu else {}] * n_init))
-    result = compute_allocations([p], [gpu(0), gpu(1)], {})
+    result = compute_allocations(AllocationInputs([p], [gpu(0), gpu(1)], {}))
     assert {x.uuid for x in result.allocations} <= {"GPU-0", "GPU-1", None}
     assert {x.container for x in result.allocations} <= {c.name for c in p.containers}
 
@@ -414,7 +414,8 @@ def test_gke_mig_partition_ids_name_the_gpu_instance(device_id, expected):
     pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", (device_id,)),)),))]
     migs = [replace(gpu(0), uuid=u, parent_uuid="GPU-0", gpu_instance_id=gi, minor_number=0)
             for u, gi in (("MIG-a", 0), ("MIG-b", 1))]
-    result = compute_allocations([p], migs, {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb"}, pr)
+    labels = {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb"}
+    result = compute_allocations(AllocationInputs([p], migs, labels, pr))
     assert [x.uuid for x in result.allocations] == [expected]
 
 
@@ -428,7 +429,7 @@ def test_gke_time_sharing_without_pod_resources_is_placed_by_processes():
 def test_gke_unknown_minor_is_a_counted_skip():
     p = pod(1, {"nvidia.com/gpu": "1"})
     pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", ("nvidia7",)),)),))]
-    result = compute_allocations([p], [gpu(0)], GKE_TS, pr)
+    result = compute_allocations(AllocationInputs([p], [gpu(0)], GKE_TS, pr))
     assert [x.uuid for x in result.allocations] == [None]
     assert result.skips == {"pod_resources_unknown_device": 1}
 
@@ -603,6 +604,6 @@ def test_gke_any_device_ids_place_only_on_listed_gpus(ids, labels):
     pr = [PodResources("pod-1", "default", (PodResourcesContainer("c0", (("nvidia.com/gpu", tuple(ids)),)),))]
     devices = [replace(gpu(0), minor_number=3), replace(gpu(1), uuid="MIG-x", parent_uuid="GPU-9", minor_number=4,
                                                         gpu_instance_id=1)]
-    result = compute_allocations([p], devices, labels, pr)
+    result = compute_allocations(AllocationInputs([p], devices, labels, pr))
     assert {x.uuid for x in result.allocations} <= {"GPU-0", "MIG-x", None}
     assert all(x.memory_fraction is None or 0 < x.memory_fraction <= 1 for x in result.allocations)

@@ -108,7 +108,7 @@ def test_nvlink_metrics_reach_the_daemon_from_flag_or_environment(argv, env, wan
         snapshot = daemon.pipeline.step()[0]
     finally:
         daemon.close()
-    assert daemon.pipeline.backend.nvlink is want
+    assert daemon.pipeline.sources.backend.nvlink is want
     body = snapshot.body.decode()
     for family in ("nvidia_gpu_nvlink_up", "nvidia_gpu_nvlink_transmit_bytes_total",
                    "nvidia_gpu_nvlink_receive_bytes_total", "nvidia_gpu_nvlink_errors_total",

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.attribution.allocations import compute_allocations
+from exporter.attribution.allocations import AllocationInputs, compute_allocations
 from exporter.attribution.attribute import EXCLUSIVE, NONE, SHARE, attribute
 from exporter.attribution.dra_objects import parse_pod_claims
 from exporter.model import (
@@ -123,8 +123,8 @@ def run(pods_raw, claims_raw, slices_raw, pod_resources=None, with_pod_claims=Tr
             pc = parse_pod_claims(obj, lambda r: None)
             if pc is not None:
                 pod_claims[pc.uid] = pc
-    allocs = compute_allocations(view.pods.values(), devices, {}, pod_resources, None, slices_raw, claims_raw,
-                                 pod_claims, NODE)
+    allocs = compute_allocations(AllocationInputs(tuple(view.pods.values()), devices, {}, pod_resources, {},
+                                                  slices_raw, claims_raw, pod_claims, NODE))
     return allocs, attribute(NodeSample(1.0, devices), PIDS, view, allocs.allocations)
 
 

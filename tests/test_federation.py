@@ -42,6 +42,7 @@ from exporter.bundle.federation import (
     tier_records,
 )
 from exporter.bundle.rules import RuleOptions, render_rules
+from exporter.shell.generate import BANNER
 from tests.federation_support import metric_names, prometheus_config, start_prometheus, strip, values, write_rules
 from tests.prom_support import PROMETHEUS, ROOT, Labels, poll, rule_health, stop
 from tests.test_rules_e2e import MIB, Target, expected_cluster_rendering, exporters, wait_recorded
@@ -192,7 +193,7 @@ def tiers(exporters: list[Target], tmp_path_factory: pytest.TempPathFactory) -> 
     assert shipped == federation_job(RuleOptions(cluster_label="cluster"))
     external_label_job = federation_job(RuleOptions())  # its rendering for external-label clusters
     text = render_global_rules(OPTS)
-    committed = (ROOT / "rules" / "kube-gpu-exporter.global.rules.yaml").read_text()
+    committed = (ROOT / "rules" / "kube-gpu-exporter.global.rules.yaml").read_text().removeprefix(BANNER)
     assert text.replace("interval: 1s", "interval: 30s").splitlines()[1:] == committed.splitlines()[1:]
     procs = []
     try:

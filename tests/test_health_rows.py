@@ -202,14 +202,14 @@ def test_lost_device_has_no_health_rows() -> None:
 def test_status_page_carries_limit_energy_reasons_and_row_remap() -> None:
     attr = NodeAttribution(devices=(DeviceAttribution(DEVICE, NONE, (), (), ()),), allocations=(), pods=(),
                            skips=EMPTY)
-    status = build_status(attr, NodeSample(1.0, (DEVICE,)), ExporterStats(), [], NODE, 1.0)
+    status = build_status(attr, NodeSample(1.0, (DEVICE,)), ExporterStats(), None, NODE, 1.0)
     gpu = status["gpus"][0]
     assert gpu["power_limit_watts"] == 700.0 and gpu["energy_joules"] == 123_456.789
     assert list(gpu["clocks_event_reasons"]) == ["sw_power_cap", "hw_thermal_slowdown"]
     assert dict(gpu["remapped_rows"]) == {"correctable": 3, "uncorrectable": 1, "pending": True, "failure": False}
     bare = replace(DEVICE, clocks_event_reasons=None, health=DeviceHealth())
     attr = replace(attr, devices=(DeviceAttribution(bare, NONE, (), (), ()),))
-    gpu = build_status(attr, NodeSample(1.0, (bare,)), ExporterStats(), [], NODE, 1.0)["gpus"][0]
+    gpu = build_status(attr, NodeSample(1.0, (bare,)), ExporterStats(), None, NODE, 1.0)["gpus"][0]
     assert (gpu["power_limit_watts"], gpu["energy_joules"], gpu["clocks_event_reasons"], gpu["remapped_rows"]) == (
         None, None, None, None)
 

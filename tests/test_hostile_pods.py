@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.attribution import allocations
-from exporter.attribution.allocations import compute_allocations
+from exporter.attribution.allocations import AllocationInputs, compute_allocations
 from exporter.attribution.attribute import EXCLUSIVE, SHARE, attribute
 from exporter.attribution.schemes.base import GIB, Scheme
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
@@ -60,7 +60,7 @@ def run(objs: list[dict[str, Any]], devices: list[DeviceSample], pids: Mapping[i
     store = PodStore()
     store.replace(objs, "1")
     view = store.view()
-    allocs = compute_allocations(view.pods.values(), devices, {}, pod_resources)
+    allocs = compute_allocations(AllocationInputs(view.pods.values(), devices, {}, pod_resources))
     placement = {pid: CgroupRef(f"00000000-0000-4000-8000-{n:012x}", f"{n:064x}", "containerd")
                  for pid, n in (pids or {}).items()}
     attr = attribute(NodeSample(1.0, tuple(devices)), placement, view, allocs.allocations)

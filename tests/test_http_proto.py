@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.exposition.snapshot import Snapshot, stored_gzip
-from exporter.pipeline.sampler import SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.app import HttpServer, make_app
 from exporter.server.limits import ServerLimits
 from exporter.server.stats import HttpStats

@@ -21,7 +21,9 @@ from exporter import __version__
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.model import NodeSample
 from exporter.node.pod_store import PodStore
-from exporter.pipeline.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
+from exporter.pipeline.cycle import Pipeline, PodState, Settings, Sources
+from exporter.pipeline.holder import SnapshotHolder
+from exporter.pipeline.sampler import SamplerThread
 from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
@@ -138,7 +140,7 @@ def test_summary_names_the_sharing_scheme_of_the_pods(caplog: pytest.LogCaptureF
 
 def nvml_down_pipeline() -> tuple[Backend, Pipeline, SnapshotHolder]:
     backend = Backend()
-    return backend, Pipeline(backend, Proc(), Pods(), "n1"), SnapshotHolder(empty_snapshot(0.0))
+    return backend, Pipeline(Sources(backend, Proc(), Pods()), Settings("n1")), SnapshotHolder(empty_snapshot(0.0))
 
 
 def test_nvml_down_is_one_error_naming_the_fix_and_recovery_one_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -232,7 +234,7 @@ def test_ready_without_nvml_flag_and_variable() -> None:
 def test_pod_watch_logs_sync_loss_and_return_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     pods = Pods()
-    monitor = CycleMonitor(Pipeline(Backend(), Proc(), pods, "n1"), pod_watch=True)
+    monitor = CycleMonitor(Pipeline(Sources(Backend(), Proc(), pods), Settings("n1")), pod_watch=True)
     for synced, errors in [(False, 0), (True, 0), (True, 0), (False, 1), (False, 2), (False, 3), (True, 3), (True, 3)]:
         pods.synced, pods.errors = synced, errors
         monitor()
@@ -263,7 +265,8 @@ def test_pod_resources_trouble_once_and_recovery_once(caplog: pytest.LogCaptureF
 def test_events_failing_and_back_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     stats = {"s": XidStats()}
-    monitor = CycleMonitor(Pipeline(Backend(), Proc(), Pods(), "n1"), pod_watch=False, xid_stats=lambda: stats["s"])
+    pipeline = Pipeline(Sources(Backend(), Proc(), Pods()), Settings("n1"))
+    monitor = CycleMonitor(pipeline, pod_watch=False, xid_stats=lambda: stats["s"])
     for posted, failed in [(1, 0), (1, 1), (1, 2), (1, 5), (2, 5), (3, 5)]:
         stats["s"] = XidStats(events_posted=posted, events_failed=failed)
         monitor()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.attribution.allocations import compute_allocations
+from exporter.attribution.allocations import AllocationInputs, compute_allocations
 from exporter.node.pods import pod_from_api
 from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
 from exporter.shell.cli import build_daemon
@@ -121,10 +121,10 @@ def test_a_mig_resource_in_limits_and_requests_is_one_slice() -> None:
     scenario = load_scenario(EXAMPLE)
     pods = [pod_from_api(p) for p in DOC["pods"]]
     devices = [d.sample for d in scenario.devices]
-    got = compute_allocations(pods, devices, {}, None).allocations
+    got = compute_allocations(AllocationInputs(pods, devices, {}, None)).allocations
     per_container = sorted((a.container, a.uuid, a.whole) for a in got)
     assert per_container == [("lab", None, True), ("server", None, True), ("trainer", None, True)]
-    placed = compute_allocations(pods, devices, {}, scenario.pod_resources).allocations
+    placed = compute_allocations(AllocationInputs(pods, devices, {}, scenario.pod_resources)).allocations
     assert sorted((a.container, a.uuid) for a in placed) == [
         ("lab", CARD1), ("server", MIG_2G_A), ("trainer", MIG_3G)]
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.attribution.allocations import compute_allocations
+from exporter.attribution.allocations import AllocationInputs, compute_allocations
 from exporter.attribution.attribute import attribute
 from exporter.attribution.cgroup import parse_cgroup
 from exporter.attribution.schemes.base import MIB
@@ -185,7 +185,7 @@ def _check_pod(case: Case) -> None:
     pod, _issues = parse_pod(obj)
     devices = _devices(node)
     labels = node.get("labels") or {}
-    result = compute_allocations([pod], devices, labels, _pod_resources(obj, node))
+    result = compute_allocations(AllocationInputs([pod], devices, labels, _pod_resources(obj, node)))
     want: list[dict[str, Any]] = [dict(w) for w in case["expected"] or []]
     if node.get("running"):
         # The truth is only visible at run time (which GPU the container's processes use):

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from exporter.bundle.rules import RuleOptions, render_rules
+from exporter.shell.generate import BANNER
 from tests.prom_support import (
     PROMETHEUS,
     ROOT,
@@ -306,7 +307,7 @@ def test_cluster_rendering_on_real_prometheus(exporters: list[Target], tmp_path:
 
 def test_default_rendering_on_real_prometheus(exporters: list[Target], tmp_path: Path) -> None:
     assert Path(PROMETHEUS).exists(), "Prometheus server missing: apt-get install prometheus"
-    committed = (ROOT / "rules" / "kube-gpu-exporter.rules.yaml").read_text()
+    committed = (ROOT / "rules" / "kube-gpu-exporter.rules.yaml").read_text().removeprefix(BANNER)
     rules = render_rules(RuleOptions(interval="1s"))
     # identical to the committed bundle except for the evaluation interval
     assert rules.replace("interval: 1s", "interval: 30s").splitlines()[1:] == committed.splitlines()[1:]

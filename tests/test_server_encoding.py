@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.exposition.snapshot import Snapshot, empty_snapshot
-from exporter.pipeline.sampler import SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.app import make_app
 from exporter.server.encoding import parse_accept_encoding, wants_gzip
 from exporter.server.stats import HttpStats

@@ -14,13 +14,15 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.pipeline.sampler import SamplerThread, SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
+from exporter.pipeline.sampler import SamplerThread
 from exporter.server.app import make_app
 from exporter.server.stats import HttpStats
 from exporter.shell.cli import build_daemon
@@ -53,8 +55,8 @@ def values(text: str) -> dict[str, float]:
 def run_with_sampler(body: Callable[[AppClient, Faulty, SamplerThread], object], first_ok: bool = True):
     """A daemon on the simulated node, its sampler thread every 20 ms, served by make_app; run ``body``."""
     daemon = build_daemon(load_config(["--simulate", str(SEED)]))
-    faulty = Faulty(daemon.pipeline.backend)
-    daemon.pipeline.backend = faulty
+    faulty = Faulty(daemon.pipeline.sources.backend)
+    daemon.pipeline.sources = replace(daemon.pipeline.sources, backend=faulty)
     if not first_ok:
         faulty.mode = "fail"
     sampler = SamplerThread(daemon.pipeline, daemon.holder, interval=0.02)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.pipeline.sampler import SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.app import HttpServer, make_app
 from exporter.server.limits import ServerLimits, loop_exception_handler, raise_nofile_limit
 from exporter.server.stats import HttpStats, RateLimitedLog, one_line
@@ -219,7 +219,7 @@ def test_accept_out_of_descriptors_is_counted_and_logged_in_one_line(caplog):
 EMFILE_SERVER = """
 import asyncio, logging, resource, sys, time
 from exporter.exposition.snapshot import empty_snapshot
-from exporter.pipeline.sampler import SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.limits import ServerLimits
 from exporter.server.stats import HttpStats
 from exporter.server.app import HttpServer, make_app

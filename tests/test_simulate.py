@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import os
 import re
@@ -20,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
-from exporter.pipeline.sampler import SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon, main
 from exporter.shell.config import load_config
@@ -200,14 +201,13 @@ def test_scrape_path_touches_no_source():
     daemon = build_daemon(load_config(["--simulate", str(ROOT / "examples" / "seed-cgpu-t4.yaml")]))
     calls: dict[str, int] = {}
     p = daemon.pipeline
-    p.backend = Counting(p.backend, calls, "nvml")
-    p.proc = Counting(p.proc, calls, "proc")
-    p.pods = Counting(p.pods, calls, "pods")
-    p.pod_resources = Counting(p.pod_resources, calls, "pod_resources")
+    # every source of the cycle counted, whatever it is
+    p.sources = dataclasses.replace(p.sources, **{f.name: Counting(getattr(p.sources, f.name), calls, f.name)
+                                                  for f in dataclasses.fields(p.sources)})
     holder = SnapshotHolder(empty_snapshot(0.0))
     holder.publish(p.step()[0])
     before = dict(calls)
-    assert before["nvml"] == 1 and before["proc"] >= 1 and before["pods"] == 1
+    assert before["backend"] == 1 and before["proc"] >= 1 and before["pods"] == 1
 
     async def scrape_many() -> list[bytes]:
         async with AppClient(make_app(holder, stale_after=60)) as client:

@@ -13,11 +13,11 @@ import yaml
 from exporter.exposition.snapshot import empty_snapshot, with_sample_failures
 from exporter.exposition.status import build_status, status_json, status_view
 from exporter.exposition.status_html import render_html
-from exporter.pipeline.sampler import SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
-from exporter.xid.stats import XidStats, xid_metric_families
+from exporter.xid.stats import XidStats, xid_summary
 from tests.http_support import AppClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def cycle(scenario: Path):
 
 def view_of(scenario: Path, age: float = 2.0) -> dict:
     snapshot, _ = cycle(scenario)
-    return status_view(snapshot.status, snapshot.body, snapshot.built_at + age, True)
+    return status_view(snapshot.status, snapshot.sample_failures_total, snapshot.built_at + age, True)
 
 
 def test_mixed_node_gpus_match_the_scenario() -> None:
@@ -108,7 +108,7 @@ def test_status_is_immutable_and_a_view_leaves_it_unchanged() -> None:
         snapshot.status["node"] = "x"  # type: ignore[index]
     with pytest.raises(TypeError):
         snapshot.status["gpus"][0]["uuid"] = "x"  # type: ignore[index]
-    view = status_view(snapshot.status, snapshot.body, snapshot.built_at + 9, True)
+    view = status_view(snapshot.status, snapshot.sample_failures_total, snapshot.built_at + 9, True)
     view["gpus"].clear()
     assert snapshot.status["snapshot_age_seconds"] == 0.0 and len(snapshot.status["gpus"]) == 4
 
@@ -116,7 +116,7 @@ def test_status_is_immutable_and_a_view_leaves_it_unchanged() -> None:
 def test_a_failed_cycle_shows_its_failure_count() -> None:
     snapshot, _ = cycle(MIXED)
     failed = with_sample_failures(snapshot, 3)
-    view = status_view(failed.status, failed.body, failed.built_at + 30, True)
+    view = status_view(failed.status, failed.sample_failures_total, failed.built_at + 30, True)
     assert view["subsystems"]["sampler"]["sample_failures_total"] == 3 and view["snapshot_age_seconds"] == 30
 
 
@@ -125,10 +125,9 @@ def test_xid_counts_per_gpu_and_code_with_their_meaning() -> None:
     uuid = attr.devices[2].device.uuid
     stats = XidStats(xid_counts={(uuid, 2, 79, "serving", "a", "c"): 2, (uuid, 2, 79, "serving", "b", "c"): 1,
                                  (uuid, 2, 13, "", "", ""): 1, ("", None, 48, "", "", ""): 4},
-                     last_xid_time={(uuid, 2): 1234.5})
-    families = xid_metric_families(stats, "n")
-    status = build_status(attr, _sample(), _stats(), families, "n", 100.0)
-    view = status_view(status, b"", 101.0, True, lambda code: {"meaning": f"m{code}"})
+                     last_xid_time={(uuid, 2): 1234.5}, last_xid={(uuid, 2): 79})
+    status = build_status(attr, _sample(), _stats(), xid_summary(stats), "n", 100.0)
+    view = status_view(status, None, 101.0, True, lambda code: {"meaning": f"m{code}"})
     gpu = view["gpus"][2]
     assert gpu["xids"] == [{"xid": 13, "count": 1, "meaning": "m13"}, {"xid": 79, "count": 3, "meaning": "m79"}]
     assert gpu["last_xid_at"] == 1234.5
@@ -149,7 +148,7 @@ def _stats():
 
 def test_before_the_first_snapshot() -> None:
     snapshot = empty_snapshot(0.0)
-    view = status_view(snapshot.status, snapshot.body, 5.0, False)
+    view = status_view(snapshot.status, snapshot.sample_failures_total, 5.0, False)
     assert view["ready"] is False and view["gpus"] == []
     assert json.loads(status_json(view))["subsystems"] is None
     assert b"No snapshot yet" in render_html(view)
@@ -208,8 +207,8 @@ def test_server_routes_serve_the_status() -> None:
 def test_served_xids_carry_the_catalog_meaning() -> None:
     snapshot, attr = cycle(MIXED)
     uuid = attr.devices[0].device.uuid
-    families = xid_metric_families(XidStats(xid_counts={(uuid, 0, 79, "", "", ""): 1}), "n")
-    status = build_status(attr, _sample(), _stats(), families, "n", snapshot.built_at)
+    xids = xid_summary(XidStats(xid_counts={(uuid, 0, 79, "", "", ""): 1}))
+    status = build_status(attr, _sample(), _stats(), xids, "n", snapshot.built_at)
     holder = SnapshotHolder(empty_snapshot(0.0))
     holder.publish(replace(snapshot, status=status))
 

@@ -8,6 +8,7 @@ cases for each rule of the module docstring, the rendering, and the pipeline on 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -321,7 +322,8 @@ def test_build_families_renders_counters_only_when_given() -> None:
 def test_pipeline_integrates_a_simulated_node(tmp_path: Path) -> None:
     """rules_e2e node 1 with an energy counter: 1 s per cycle, 100 W per GPU."""
     from exporter.node.simulate import SimulatedBackend, load_scenario
-    from exporter.pipeline.sampler import SamplerThread, SnapshotHolder
+    from exporter.pipeline.holder import SnapshotHolder
+    from exporter.pipeline.sampler import SamplerThread
     from exporter.shell.cli import build_daemon
     from exporter.shell.config import load_config
 
@@ -333,7 +335,8 @@ def test_pipeline_integrates_a_simulated_node(tmp_path: Path) -> None:
     daemon = build_daemon(load_config(["--simulate", str(path), "--interval", "2"]))
     clock = iter(float(t) for t in range(1000, 1100))
     pipeline = daemon.pipeline
-    pipeline.backend = SimulatedBackend(load_scenario(path), clock=lambda: next(clock))
+    backend = SimulatedBackend(load_scenario(path), clock=lambda: next(clock))
+    pipeline.sources = replace(pipeline.sources, backend=backend)
     SamplerThread(pipeline, SnapshotHolder(daemon.holder.get()), 2.0)  # tells the pipeline its interval
     assert pipeline.interval == 2.0
     for _ in range(4):  # 3 periods of 1 s, 100 J each per GPU

@@ -8,8 +8,8 @@ decides ``allocate_mode``. Each scheme is a module of :mod:`exporter.attribution
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.attribution.dra import device_uuids, dra_allocations, index_dynamic_resources
@@ -32,40 +32,46 @@ class AllocationResult:
     skips: Mapping[str, int]
 
 
-def compute_allocations(
-    pods: Iterable[PodInfo],
-    devices: Sequence[DeviceSample],
-    node_labels: Mapping[str, str],
-    pod_resources: Iterable[PodResources] | None = None,
-    node_capacity: Mapping[str, str] | None = None,
-    resource_slices: Iterable[Any] | None = None,
-    resource_claims: Iterable[Any] | None = None,
-    pod_claims: Mapping[str, PodClaims] | None = None,
-    node_name: str = "",
-) -> AllocationResult:
-    """Every container's GPU allocations on this node, placed on a GPU where known.
+@dataclass(frozen=True, slots=True)
+class AllocationInputs:
+    """Everything the sharing schemes read in one cycle. A scheme needing a new input adds a field here.
 
     ``resource_slices`` and ``resource_claims`` are raw API objects (untrusted, parsed here);
     ``pod_claims`` the pods' claim references by pod uid; ``node_name`` selects this node's slices.
+    ``pod_resources`` is the kubelet's answer, None when there is none.
     """
+
+    pods: Sequence[PodInfo]
+    devices: Sequence[DeviceSample]
+    node_labels: Mapping[str, str] = field(default_factory=dict)
+    pod_resources: Sequence[PodResources] | None = None
+    node_capacity: Mapping[str, str] = field(default_factory=dict)
+    resource_slices: Sequence[Any] = ()
+    resource_claims: Sequence[Any] = ()
+    pod_claims: Mapping[str, PodClaims] = field(default_factory=dict)
+    node_name: str = ""
+
+
+def compute_allocations(inputs: AllocationInputs) -> AllocationResult:
+    """Every container's GPU allocations on this node, placed on a GPU where known."""
     skips: dict[str, int] = {}
 
     def skip(reason: str) -> None:
         skips[reason] = skips.get(reason, 0) + 1
 
-    pods = list(pods)
-    pod_resources = tuple(pod_resources or ())
+    pods, devices, node_name, pod_claims = list(inputs.pods), inputs.devices, inputs.node_name, inputs.pod_claims
+    pod_resources = tuple(inputs.pod_resources or ())
     dynamic = index_dynamic_resources(pod_resources)
     dra_allocs: dict[tuple[str, str], tuple[Allocation, ...]] = {}
     if dynamic or pod_claims:
         try:
-            mapping = device_uuids(parse_slices(resource_slices or (), node_name, skip), devices, skip)
-            dra_allocs = dra_allocations(pods, mapping, dynamic, parse_claims(resource_claims or (), skip),
+            mapping = device_uuids(parse_slices(inputs.resource_slices or (), node_name, skip), devices, skip)
+            dra_allocs = dra_allocations(pods, mapping, dynamic, parse_claims(inputs.resource_claims or (), skip),
                                          pod_claims or {}, skip)
         except Exception:  # hostile DRA objects must never fail the cycle for the other schemes
             skip("dra_allocation_failed")
-    node = NodeContext(devices, node_labels, index_pod_resources(pod_resources), skip, node_capacity or {},
-                       dra_allocs)
+    node = NodeContext(devices, inputs.node_labels or {}, index_pod_resources(pod_resources), skip,
+                       inputs.node_capacity or {}, dra_allocs)
     out: list[Allocation] = []
     for pod in pods:
         if pod.phase in ("Succeeded", "Failed"):

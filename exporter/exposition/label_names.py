@@ -20,8 +20,8 @@ LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # renders every example and fails when a family gains a label missing here.
 FIXED_LABELS: frozenset[str] = frozenset({
     "allocate_mode", "call", "cause", "code", "compute_instance_id", "driver_version", "gpu_instance_id",
-    "link", "minor_number", "name", "node_name", "parent_uuid", "pci_bus_id", "pid", "pod_uid", "profile",
-    "reason", "result", "scheme", "type", "uuid", "version", "workload_kind", "workload_name", "xid",
+    "link", "minor_number", "name", "node_name", "output", "parent_uuid", "pci_bus_id", "pid", "pod_uid",
+    "profile", "reason", "result", "scheme", "type", "uuid", "version", "workload_kind", "workload_name", "xid",
 })
 
 

@@ -41,6 +41,7 @@ class ExporterStats:
     pod_cache_synced: bool = False
     skips: Mapping[str, int] = field(default_factory=lambda: EMPTY)
     snapshot_timestamp: float = 0.0
+    output_failures: Mapping[str, int] = field(default_factory=lambda: EMPTY)  # by output name
 
 
 DEVICE_GAUGES = in_group("device")
@@ -90,7 +91,19 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
                    stats: ExporterStats, per_process: bool = False,
                    pod_labels: PodLabelAllowlist = NO_POD_LABELS, usage: UsageCounters | None = None) -> list[Metric]:
     """All families for one snapshot, in a stable order; ``pod_labels`` picks the pod labels on pod_info,
-    ``usage`` the per-container counters carried across cycles (none: no counter rows)."""
+    ``usage`` the per-container counters carried across cycles (none: no counter rows).
+
+    The pipeline builds the same three parts as separate outputs (one failing leaves the others served).
+    """
+    families = workload_families(attr, sample, node, names, per_process, pod_labels)
+    if usage is not None:
+        families += [fam for fam in usage_families(usage, node, names) if fam.samples]
+    return families + self_families(sample, stats, node)
+
+
+def workload_families(attr: NodeAttribution, sample: NodeSample, node: str, names: LabelNames,
+                      per_process: bool = False, pod_labels: PodLabelAllowlist = NO_POD_LABELS) -> list[Metric]:
+    """The GPU rows, allocations, node capacity, pod info, device health and per-process rows."""
     f = _Families()
     row_labels = ["allocate_mode", names.container, "minor_number", "name", names.namespace,
                   "node_name", names.pod, "uuid"]
@@ -136,9 +149,6 @@ def build_families(attr: NodeAttribution, sample: NodeSample, node: str, names: 
     _pod_info(f, attr.pods, node, names, pod_labels)
     _device_families(f, sample, node)
     _process_families(f, attr.devices, node, names, per_process)
-    if usage is not None:
-        f.extend(usage_families(usage, node, names))
-    _self_families(f, sample, stats, node)
     return f.result()
 
 
@@ -247,7 +257,9 @@ def _process_families(f: _Families, devices: Iterable[DeviceAttribution], node: 
                 _add(duty, lbl, p.sm_util)
 
 
-def _self_families(f: _Families, sample: NodeSample, stats: ExporterStats, node: str) -> None:
+def self_families(sample: NodeSample, stats: ExporterStats, node: str) -> list[Metric]:
+    """The exporter's own state: version, NVML, cycles and their failures, pod cache, skips."""
+    f = _Families()
     f.gauge("kube_gpu_exporter_build_info", "kube-gpu-exporter version", ["version"]).add_metric(
         [__version__], 1)
     f.gauge("kube_gpu_exporter_nvml_up", "1 when NVML is initialised", []).add_metric(
@@ -274,3 +286,10 @@ def _self_families(f: _Families, sample: NodeSample, stats: ExporterStats, node:
     skips = f.counter("kube_gpu_exporter_skips", "Inputs skipped, by reason", ["reason"])
     for reason, n in sorted(stats.skips.items()):
         skips.add_metric([reason], n)
+    if stats.output_failures:  # only from the pipeline, which names every output it builds
+        outputs = f.counter("kube_gpu_exporter_output_failures",
+                            "Cycles in which building one output (rows, usage, dcgm, xid, status) raised; "
+                            "the other outputs were still published", ["output"])
+        for output, n in sorted(stats.output_failures.items()):
+            outputs.add_metric([output], n)
+    return f.result()

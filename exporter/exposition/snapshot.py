@@ -38,6 +38,8 @@ class Snapshot:
     pid_owners: Mapping[int, tuple[str, str, str, str]] = field(default_factory=lambda: EMPTY)
     # The status page's tree of the same cycle (exporter/exposition/status.py), empty before the first.
     status: Mapping[str, object] = field(default_factory=lambda: EMPTY)
+    # Set by a failed cycle (the tree above is the last good cycle's): the failure count to show with it.
+    sample_failures_total: int | None = None
 
 
 def go_float(value: float) -> str:
@@ -168,7 +170,8 @@ def with_sample_failures(snapshot: Snapshot, failures_total: int) -> Snapshot:
     else:  # e.g. the empty snapshot served before the first cycle succeeded
         new = body + (f"# HELP {FAILURES_FAMILY} Sampling cycles that failed unexpectedly\n"
                       f"# TYPE {FAILURES_FAMILY} counter\n").encode() + sample + value + b"\n"
-    return replace(snapshot, body=new, body_gzip=gzip.compress(new, compresslevel=6, mtime=0))
+    return replace(snapshot, body=new, body_gzip=gzip.compress(new, compresslevel=6, mtime=0),
+                   sample_failures_total=failures_total)
 
 
 def empty_snapshot(built_at: float, families: Iterable[Metric] = ()) -> Snapshot:

@@ -1,10 +1,10 @@
 """The status page's data: built once per sampling cycle, served as JSON (``/status.json``) and HTML (``/``).
 
-:func:`build_status` turns one cycle's attribution, sample, exporter counters and metric families
-into an immutable tree (mappings are read-only, lists are tuples) stored on the
+:func:`build_status` turns one cycle's attribution, sample, exporter counters and the Xid watcher's
+counts into an immutable tree (mappings are read-only, lists are tuples) stored on the
 :class:`~exporter.exposition.snapshot.Snapshot`. A request calls :func:`status_view`: a plain
 copy with the two values that change between cycles (the snapshot's age, the failure count a
-failed cycle writes into the served body) and, given a catalog, each Xid's meaning. Nothing here
+failed cycle sets on the served snapshot) and, given a catalog, each Xid's meaning. Nothing here
 reads a source; docs/status.md describes the fields.
 """
 
@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
-
-from prometheus_client.core import Metric
 
 from exporter.attribution.attribute import (
     ContainerUsage,
@@ -28,11 +26,7 @@ from exporter.attribution.attribute import (
 from exporter.exposition.device_fields import DEVICE_FIELDS, ordered, status_value, value
 from exporter.exposition.health_rows import decode_clocks_event_reasons
 from exporter.exposition.rows import ExporterStats
-from exporter.model import DeviceHealth, DeviceSample, NodeSample
-
-XID_FAMILY = "nvidia_gpu_xid_errors"
-LAST_XID_FAMILY = "nvidia_gpu_last_xid_timestamp_seconds"
-FAILURES_SAMPLE = b"kube_gpu_exporter_sample_failures_total "
+from exporter.model import DeviceHealth, DeviceSample, NodeSample, XidSummary
 
 Status = Mapping[str, Any]
 
@@ -196,29 +190,9 @@ def _sum_memory(card: dict[str, Any]) -> None:
         card[key] = None if None in values else sum(values)
 
 
-def _xid_counts(families: Iterable[Metric]) -> tuple[dict[tuple[str, int], float], dict[str, float]]:
-    """(uuid, xid) -> count summed over pods, and uuid -> last Xid time, from the Xid families."""
-    counts: dict[tuple[str, int], float] = {}
-    last: dict[str, float] = {}
-    for fam in families:
-        if fam.name not in (XID_FAMILY, LAST_XID_FAMILY):
-            continue
-        for s in fam.samples:
-            uuid = str(s.labels.get("uuid", ""))
-            if s.name == XID_FAMILY + "_total":
-                try:
-                    key = (uuid, int(s.labels.get("xid", "")))
-                except ValueError:
-                    continue
-                counts[key] = counts.get(key, 0) + s.value
-            elif s.name == LAST_XID_FAMILY:
-                last[uuid] = s.value
-    return counts, last
-
-
-def _attach_xids(gpus: list[dict[str, Any]], families: Iterable[Metric]) -> list[dict[str, Any]]:
+def _attach_xids(gpus: list[dict[str, Any]], xids: XidSummary) -> list[dict[str, Any]]:
     """Put each Xid count on its GPU (or MIG instance); returns those of no GPU on this page."""
-    counts, last = _xid_counts(families)
+    counts, last = xids.counts, {uuid: at for uuid, (at, _xid) in xids.latest.items()}
     entries = {g["uuid"]: g for g in gpus}
     entries.update({i["uuid"]: i for g in gpus for i in g["instances"]})
     other: list[dict[str, Any]] = []
@@ -246,12 +220,11 @@ def _subsystems(sample: NodeSample, stats: ExporterStats) -> dict[str, Any]:
     }
 
 
-def build_status(attr: NodeAttribution, sample: NodeSample, stats: ExporterStats, families: Iterable[Metric],
+def build_status(attr: NodeAttribution, sample: NodeSample, stats: ExporterStats, xids: XidSummary | None,
                  node_name: str, built_at: float) -> Status:
-    """The status tree of one cycle (immutable)."""
-    families = list(families)
+    """The status tree of one cycle (immutable); ``xids`` the watcher's counts, None without one."""
     gpus = _gpus(attr)
-    other_xids = _attach_xids(gpus, families)
+    other_xids = _attach_xids(gpus, xids or XidSummary())
     unplaced = [_grant_row(a) for a in sorted(attr.allocations, key=lambda a: (a.pod.namespace, a.pod.name,
                                                                             a.container)) if not a.uuid]
     return freeze({
@@ -266,32 +239,21 @@ def build_status(attr: NodeAttribution, sample: NodeSample, stats: ExporterStats
     })
 
 
-def _served_failures(body: bytes) -> int | None:
-    """The failure count in the served body (a failed cycle rewrites it there, not in the status)."""
-    start = body.find(b"\n" + FAILURES_SAMPLE)
-    if start < 0:
-        return None
-    start += 1 + len(FAILURES_SAMPLE)
-    end = body.find(b"\n", start)
-    try:
-        return int(float(body[start:end if end >= 0 else len(body)]))
-    except ValueError:
-        return None
-
-
 XidCatalog = Callable[[int], Mapping[str, str]]
 
 
-def status_view(status: Status, body: bytes, now: float, ready: bool,
+def status_view(status: Status, failures: int | None, now: float, ready: bool,
                 xid_catalog: XidCatalog | None = None) -> dict[str, Any]:
-    """What a request serves: a plain copy of ``status`` with its age, failure count and Xid meanings."""
+    """What a request serves: a plain copy of ``status`` with its age, failure count and Xid meanings.
+
+    ``failures`` is the served snapshot's count (a failed cycle updates the snapshot, not its status tree).
+    """
     if not status:
         return {"ready": False, "node": None, "built_at": None, "snapshot_age_seconds": None, "subsystems": None,
                 "gpus": [], "unplaced": [], "other_xids": [], "disagreements": {}}
     view = thaw(status)
     view["ready"] = ready
     view["snapshot_age_seconds"] = max(0.0, now - view["built_at"])
-    failures = _served_failures(body)
     if failures is not None:
         view["subsystems"]["sampler"]["sample_failures_total"] = failures
     if xid_catalog is not None:

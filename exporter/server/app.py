@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from exporter.exposition.snapshot import CONTENT_TYPE, scrape_parts
-from exporter.pipeline.sampler import SnapshotHolder
+from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.encoding import wants_gzip
 from exporter.server.limits import ConnectionLimiter, ServerHooks, ServerLimits, log, loop_exception_handler
 from exporter.server.protocol import HttpConnection
@@ -110,7 +110,7 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
     def view() -> dict:
         # The cycle's pre-built status tree: a request only adds the age and serialises it.
         snapshot = holder.get()
-        return status_view(snapshot.status, snapshot.body, clock(), holder.ready, xid_catalog)
+        return status_view(snapshot.status, snapshot.sample_failures_total, clock(), holder.ready, xid_catalog)
 
     def index(request: Request) -> Response:
         return Response(200, render_html(view()), "text/html; charset=utf-8", NO_STORE)

@@ -20,7 +20,9 @@ from exporter.exposition.pod_labels import parse_allowlist
 from exporter.exposition.rows import LabelNames
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.scenario_parse import ScenarioError
-from exporter.pipeline.sampler import Pipeline, PodState, SamplerThread, SnapshotHolder
+from exporter.pipeline.cycle import Pipeline, PodState, Settings, Sources
+from exporter.pipeline.holder import SnapshotHolder
+from exporter.pipeline.sampler import SamplerThread
 from exporter.shell.config import SUBCOMMANDS, Config, ConfigError, bind_error, check_listen, load_config
 from exporter.shell.logging_setup import configure_logging
 from exporter.shell.sources import PodResourcesSource, XidSource
@@ -128,11 +130,10 @@ def build_daemon(cfg: Config) -> Daemon:
     # DRA: the scenario's objects, or what _cluster_sources hung on its pods source (none with --no-pod-watch)
     dra = (static_dra(scenario.resource_slices, scenario.resource_claims, scenario.pods) if cfg.simulate
            else getattr(pods, "dra", NO_DRA))
-    pipeline = Pipeline(backend, proc, pods, node, names, node_labels, pod_resources, xid_families,
-                        cfg.per_process_metrics, node_capacity=node_capacity,
-                        pod_labels=parse_allowlist(cfg.pod_labels_allowlist),  # validated by load_config
-                        resource_slices=dra.resource_slices, resource_claims=dra.resource_claims,
-                        pod_claims=dra.pod_claims, dcgm_compat=cfg.dcgm_compat, last_xid=xid_families.last_xid)
+    sources = Sources(backend, proc, pods, node_labels, node_capacity, pod_resources,
+                      dra.resource_slices, dra.resource_claims, dra.pod_claims, xid_families, xid_families.summary)
+    pipeline = Pipeline(sources, Settings(node, names, cfg.per_process_metrics, dcgm_compat=cfg.dcgm_compat,
+                                          pod_labels=parse_allowlist(cfg.pod_labels_allowlist)))  # validated
     monitor = CycleMonitor(pipeline, ready_without_nvml=cfg.ready_without_nvml,
                            pod_watch=cfg.pod_watch and not cfg.simulate, xid_stats=xid_families.stats)
     # After the Xid watcher's start: the summary tells whether it reads the kernel log.

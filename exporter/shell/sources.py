@@ -7,9 +7,9 @@ import os
 import re
 from collections.abc import Callable
 
-from exporter.model import PodResources
+from exporter.model import PodResources, XidSummary
 from exporter.shell.logging_setup import StateLog
-from exporter.xid.stats import XidStats, last_xids
+from exporter.xid.stats import XidStats, xid_summary
 
 log = logging.getLogger("kube_gpu_exporter")
 
@@ -57,6 +57,6 @@ class XidSource:
     def __call__(self) -> list:
         return self.families()
 
-    def last_xid(self) -> dict[str, tuple[float, int]] | None:
-        """uuid -> (time, Xid) of each GPU's latest Xid; None when no watcher counts them (--no-xid)."""
-        return None if self.stats is None else last_xids(self.stats())
+    def summary(self) -> XidSummary | None:
+        """The counts a cycle's outputs read (status page, dcgm-compat); None when no watcher counts (--no-xid)."""
+        return None if self.stats is None else xid_summary(self.stats())

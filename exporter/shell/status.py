@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from exporter.pipeline.sampler import Pipeline
+from exporter.pipeline.cycle import Pipeline
 from exporter.shell.logging_setup import StateLog
 from exporter.xid.stats import XidCountKey, XidStats
 
@@ -128,7 +128,7 @@ class CycleMonitor:
                       self._nvml_reason, readiness, fix, level=logging.ERROR)
 
     def _check_pods(self) -> None:
-        state = self.pipeline.pods()
+        state = self.pipeline.sources.pods()
         if state.synced:
             first = self.pods.state == "syncing"
             self.pods.good("synced", "pod watch %s: %d pods on this node", "synced" if first else "synced again",

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from exporter.model import DeviceSample
-from exporter.pipeline.sampler import Pipeline
+from exporter.pipeline.cycle import Pipeline
 from exporter.shell.config import Config
 
 
@@ -40,12 +40,13 @@ def nvml_version(simulated: bool) -> str:
 
 def schemes_text(pipeline: Pipeline) -> str:
     """The sharing schemes this node's pods and labels use now ("none detected" without any)."""
-    from exporter.attribution.allocations import compute_allocations
+    from exporter.attribution.allocations import AllocationInputs, compute_allocations
 
-    sample = pipeline.last_sample
-    try:
-        result = compute_allocations(pipeline.pods().view.pods.values(), sample.devices if sample else (),
-                                     pipeline.node_labels(), None, pipeline.node_capacity())
+    sample, src = pipeline.last_sample, pipeline.sources
+    try:  # without the kubelet's answer and DRA: a summary asks no source that does I/O per call
+        result = compute_allocations(AllocationInputs(tuple(src.pods().view.pods.values()),
+                                                      sample.devices if sample else (), src.node_labels(), None,
+                                                      src.node_capacity()))
         schemes = sorted({a.scheme for a in result.allocations})
     except Exception:  # a summary must not fail the start
         return "unknown"
@@ -54,7 +55,7 @@ def schemes_text(pipeline: Pipeline) -> str:
 
 def pods_text(cfg: Config, pipeline: Pipeline) -> str:
     """The pod source: off, the scenario's, or the watch's sync state."""
-    state = pipeline.pods()
+    state = pipeline.sources.pods()
     if cfg.simulate:
         return f"scenario ({len(state.view.pods)} pods)"
     if not cfg.pod_watch:
@@ -77,7 +78,7 @@ def startup_summary(cfg: Config, node: str, pipeline: Pipeline, kernel_log: str)
         parts.append("NVML down (see the error above): no GPUs seen")
     parts.append(f"sharing: {schemes_text(pipeline)}")
     parts.append(f"pod watch: {pods_text(cfg, pipeline)}")
-    resources = "scenario" if cfg.simulate else getattr(pipeline.pod_resources, "state", "unknown")
+    resources = "scenario" if cfg.simulate else getattr(pipeline.sources.pod_resources, "state", "unknown")
     parts.append(f"pod-resources: {resources}")
     parts.append(f"kernel log: {kernel_log}")
     return "; ".join(parts)

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from exporter.model import EMPTY
+from exporter.model import EMPTY, XidSummary
 from exporter.xid.events import WriterCounts
 
 # (uuid, minor_number, xid, namespace, pod, container); "" / None where unknown.
@@ -118,6 +118,14 @@ def last_xids(stats: XidStats) -> dict[str, tuple[float, int]]:
         seen = (stats.last_xid_time.get((uuid, minor), 0.0), xid)
         out[uuid] = max(out.get(uuid, seen), seen)
     return out
+
+
+def xid_summary(stats: XidStats) -> XidSummary:
+    """What a sampling cycle reads of ``stats``: counts by GPU and Xid (summed over pods), each GPU's latest."""
+    counts: dict[tuple[str, int], int] = {}
+    for (uuid, _minor, xid, _ns, _pod, _ctr), n in stats.xid_counts.items():
+        counts[(uuid, xid)] = counts.get((uuid, xid), 0) + n
+    return XidSummary(MappingProxyType(counts), MappingProxyType(last_xids(stats)))
 
 
 def xid_metric_families(
