@@ -102,6 +102,7 @@ class DeviceHealth:
     remapped_rows_uncorrectable: int | None = None
     remapped_rows_pending: int | None = None  # 0/1: reset the GPU to apply
     remapped_rows_failure: int | None = None  # 0/1: a remap failed, replace the GPU
+    power_violation_nanoseconds: int | None = None  # clocks held down by the power limit, since driver load
     nvlinks: tuple[NvLinkSample, ...] = ()
     gpm: GpmSample | None = None
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from exporter.exposition.dcgm import dcgm_markdown
 from exporter.exposition.device_fields import DEVICE_FIELDS, DOC_SECTIONS, fields_markdown
 from exporter.model import DeviceHealth, DeviceSample, GpmSample
 from tests.test_dcgm_compat import csv_fields
@@ -28,17 +30,22 @@ def generated(section: str) -> re.Pattern[str]:
                       r"(<!-- END generated -->)", re.S)
 
 
-@pytest.mark.parametrize("section", sorted(DOC_SECTIONS))
+# generated section of docs/metrics.md -> its text
+TABLES: dict[str, Callable[[], str]] = {
+    **{section: (lambda section=section: fields_markdown(section)) for section in DOC_SECTIONS}, "dcgm": dcgm_markdown}
+
+
+@pytest.mark.parametrize("section", sorted(TABLES))
 def test_docs_tables_are_generated_from_the_table(section: str) -> None:
     text = DOC.read_text()
     m = generated(section).search(text)
     assert m, f"docs/metrics.md lost its generated {section} table (BEGIN/END markers)"
     if os.environ.get("UPDATE_DOCS"):
-        text = text[:m.start(2)] + fields_markdown(section) + text[m.end(2):]
+        text = text[:m.start(2)] + TABLES[section]() + text[m.end(2):]
         DOC.write_text(text)
         m = generated(section).search(text)
         assert m
-    assert m.group(2) == fields_markdown(section), "stale: rerun with UPDATE_DOCS=1 (see this module's docstring)"
+    assert m.group(2) == TABLES[section](), "stale: rerun with UPDATE_DOCS=1 (see this module's docstring)"
 
 
 def test_every_field_names_a_model_value() -> None:
@@ -78,3 +85,31 @@ def test_native_families_carry_help_and_docs() -> None:
     for f in DEVICE_FIELDS:
         if f.family:
             assert f.help and f.unit and f.nvml, f.family
+
+
+def test_one_table_line_serves_every_output() -> None:
+    """The power-limit violation time (one line of the table, read by health.py, a scenario key): native
+    family, DCGM field, /status.json key and top column, from tests/scenarios/dcgm_node.yaml (2.5 s)."""
+    import json
+
+    from exporter.exposition.status import status_json, status_view
+    from exporter.shell.cli import build_daemon
+    from exporter.shell.config import load_config
+    from exporter.top.rows import GPU_COLUMNS, build_view
+
+    daemon = build_daemon(load_config(["--simulate", str(ROOT / "tests" / "scenarios" / "dcgm_node.yaml"),
+                                       "--dcgm-compat", "--no-xid"], environ={}))
+    try:
+        snapshot, _ = daemon.pipeline.step()
+    finally:
+        daemon.close()
+    body = snapshot.body.decode()
+    uuid = "GPU-dc600000-0000-4000-8000-000000000000"
+    assert re.search(rf'^nvidia_gpu_power_violation_seconds_total\{{[^}}]*uuid="{uuid}"[^}}]*\}} 2\.5$', body, re.M)
+    assert re.search(rf'^DCGM_FI_DEV_POWER_VIOLATION\{{[^}}]*UUID="{uuid}"[^}}]*\}} 2\.5e\+09$', body, re.M)
+    assert body.count("DCGM_FI_DEV_POWER_VIOLATION{") == 1  # the other GPUs' drivers answered nothing
+    view = json.loads(status_json(status_view(snapshot.status, snapshot.sample_failures_total, 0.0, True)))
+    gpu = next(g for g in view["gpus"] if g["uuid"] == uuid)
+    assert gpu["power_capped_seconds"] == 2.5
+    row = next(r for r in build_view(view).gpus if r[0] == str(gpu["index"]))
+    assert row[GPU_COLUMNS.index("Power capped s")] == "2.5"

@@ -31,6 +31,7 @@ FULL = {
     "pcie_replay_count": 3, "pcie_link_generation": 5, "pcie_link_width": 16, "retired_pages_single_bit": 2,
     "retired_pages_double_bit": 1, "retired_pages_pending": 1, "remapped_rows_correctable": 4,
     "remapped_rows_uncorrectable": 1, "remapped_rows_pending": 0, "remapped_rows_failure": 1,
+    "power_violation_nanoseconds": 7_000_000_000,
     "nvlinks": [{"link": 0, "active": 1, "tx_kibibytes": 100, "rx_kibibytes": 200, "crc_errors": 1,
                  "replay_errors": 2, "recovery_errors": 3}, {"link": 3, "active": 0, "crc_errors": 9}],
     "gpm": {"graphics_active": 0.5, "sm_active": 0.25, "sm_occupancy": 0.125, "tensor_active": 0.0, "dram_active": 1},

@@ -32,6 +32,7 @@ HEALTH: dict[str, Any] = {
     "pcie_link_generation": 5, "pcie_link_width": 16, "retired_pages_single_bit": 3,
     "retired_pages_double_bit": 1, "retired_pages_pending": 1, "remapped_rows_correctable": 6,
     "remapped_rows_uncorrectable": 2, "remapped_rows_pending": 1, "remapped_rows_failure": 0,
+    "power_violation_nanoseconds": 4_500_000_000,
     "nvlinks": [
         {"link": 17, "active": 1, "tx_kibibytes": 30, "rx_kibibytes": 40, "crc_errors": 0, "replay_errors": 0,
          "recovery_errors": 0},

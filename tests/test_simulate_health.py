@@ -36,6 +36,7 @@ HEALTH: dict[str, Any] = {
     "pcie_link_width": 16, "retired_pages_single_bit": 2, "retired_pages_double_bit": 1,
     "retired_pages_pending": 0, "remapped_rows_correctable": 3, "remapped_rows_uncorrectable": 1,
     "remapped_rows_pending": 1, "remapped_rows_failure": 0,
+    "power_violation_nanoseconds": 4_500_000_000,
     "nvlinks": [
         {"link": 1, "active": 1, "tx_kibibytes": 10, "rx_kibibytes": 20, "crc_errors": 0, "replay_errors": 1,
          "recovery_errors": 2},

@@ -224,7 +224,7 @@ def test_served_xids_carry_the_catalog_meaning() -> None:
 
 def test_page_tells_the_health_an_operator_acts_on() -> None:
     """Row remapping to reset or replace, clocks held back and energy, per GPU (tests/scenarios/health_node.yaml)."""
-    from exporter.exposition.status_html import _gpu_row
+    from exporter.exposition.status_html import GPU_HEADERS, _gpu_row
 
     view = view_of(ROOT / "tests" / "scenarios" / "health_node.yaml")
     scenario = yaml.safe_load((ROOT / "tests" / "scenarios" / "health_node.yaml").read_text())
@@ -234,7 +234,7 @@ def test_page_tells_the_health_an_operator_acts_on() -> None:
     assert health[2] == "clocks held: sw_power_cap, sw_thermal_slowdown"  # 0x24
     assert health[0] == '<span class="ok">ok</span>'
     card0 = next(d for d in scenario["devices"] if d["minor_number"] == 0)
-    energy = _gpu_row({**view["gpus"][0], "allocate_mode": "exclusive"})[-2]
+    energy = _gpu_row({**view["gpus"][0], "allocate_mode": "exclusive"})[GPU_HEADERS.index("Energy")]
     assert energy == f"{card0['energy_millijoules'] / 1000 / 3.6e6:.2f}&nbsp;kWh"
     page = render_html(view).decode()
     assert "<th>Health</th>" in page and page.count("row remap failed") == 1

@@ -39,6 +39,8 @@ class Field:
     kind: str  # gauge | counter, as dcgm-exporter's CSV types it
     help: str
     value: Value
+    unit: str = ""  # docs/metrics.md's table (dcgm_markdown)
+    source: str = ""
 
 
 def _used_mib(d: DeviceSample) -> float | None:
@@ -61,22 +63,28 @@ def _link_sum(links: Iterable[NvLinkSample], *attrs: str) -> float | None:
 
 
 def _spec_field(f: DeviceField, d: Dcgm) -> Field:
-    return Field(d.name, d.kind, d.help, lambda sample: dcgm_value(d, value(f, sample)))
+    native = f"`{f.family}_total`" if f.family and f.kind == "counter" else f"`{f.family}`" if f.family else f.nvml
+    source = f"{native} ({d.note})" if d.note else native
+    return Field(d.name, d.kind, d.help, lambda sample: dcgm_value(d, value(f, sample)), d.unit, source)
 
 
+_LINK_ERRORS = "`nvidia_gpu_nvlink_errors_total` of its `type`, summed over the links"
 # Fields computed from more than one model value; the others come from the device field table.
 _COMPUTED: tuple[tuple[bool, Field], ...] = (  # (the card's, field)
-    (False, Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _free_mib)),
-    (False, Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _used_mib)),
+    (False, Field("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", _free_mib, "MiB (whole)",
+                  "total - used")),
+    (False, Field("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", _used_mib, "MiB (whole)",
+                  "used without the reserved memory (`nvmlMemory_v2` `used`)")),
     (True, Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter", "Total number of NVLink bandwidth counters for "
                  "all lanes (data bytes sent and received).",
-                 lambda d: _link_sum(d.health.nvlinks, "tx_bytes", "rx_bytes"))),
+                 lambda d: _link_sum(d.health.nvlinks, "tx_bytes", "rx_bytes"), "bytes",
+                 "NVLink data sent plus received, summed over the links")),
     (True, Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink flow-control "
-                 "CRC errors.", lambda d: _link_sum(d.health.nvlinks, "crc_errors"))),
+                 "CRC errors.", lambda d: _link_sum(d.health.nvlinks, "crc_errors"), "errors", _LINK_ERRORS)),
     (True, Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries.",
-                 lambda d: _link_sum(d.health.nvlinks, "replay_errors"))),
+                 lambda d: _link_sum(d.health.nvlinks, "replay_errors"), "errors", _LINK_ERRORS)),
     (True, Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery "
-                 "errors.", lambda d: _link_sum(d.health.nvlinks, "recovery_errors"))),
+                 "errors.", lambda d: _link_sum(d.health.nvlinks, "recovery_errors"), "errors", _LINK_ERRORS)),
 )
 # The order the series were served in before the table (kept: the text stays byte for byte); a field
 # the table adds follows these, in table order.
@@ -109,6 +117,8 @@ INSTANCE_FIELDS: tuple[Field, ...] = _fields(False, _INSTANCE_ORDER)
 CARD_FIELDS: tuple[Field, ...] = _fields(True, _CARD_ORDER)
 XID_FAMILY = "DCGM_FI_DEV_XID_ERRORS"
 XID_HELP = "Value of the last XID error encountered."
+XID_SOURCE = ("the last Xid the watcher counted on the card or one of its MIG devices (label `err_code`), 0 before "
+              "the first; absent with `--no-xid` or no Xid source")
 FAMILY_NAMES = (*(f.name for f in INSTANCE_FIELDS), *(f.name for f in CARD_FIELDS), XID_FAMILY)
 # Labels every series carries, in dcgm-exporter's order; MIG devices add GPU_I_PROFILE, GPU_I_ID after modelName.
 BASE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
@@ -197,3 +207,12 @@ def _card_xid(card_uuid: str, devices: Iterable[DeviceSample], last_xid: Mapping
     uuids = {card_uuid} | {d.uuid for d in devices if d.parent_uuid == card_uuid}
     seen = [last_xid[u] for u in uuids if u in last_xid]
     return max(seen)[1] if seen else 0
+
+
+def dcgm_markdown() -> str:
+    """docs/metrics.md's table of the DCGM series (generated: tests/test_device_fields.py checks it)."""
+    rows = [f"| `{f.name}` | {f.kind} | {f.unit} | {f.source}; per device and per MIG device |\n"
+            for f in INSTANCE_FIELDS]
+    rows += [f"| `{f.name}` | {f.kind} | {f.unit} | {f.source} |\n" for f in CARD_FIELDS]
+    rows.append(f"| `{XID_FAMILY}` | gauge | Xid | {XID_SOURCE} |\n")
+    return "| series | type | unit | from |\n| --- | --- | --- | --- |\n" + "".join(rows)

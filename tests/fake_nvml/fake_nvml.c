@@ -228,6 +228,7 @@ enum field {
     F_REMAP_UNC,
     F_REMAP_PENDING,
     F_REMAP_FAILURE,
+    F_POWER_VIOLATION,
     F_NVLINKS,
     F_GPM,
     F_COUNT
@@ -240,7 +241,7 @@ static const char *const field_names[F_COUNT] = {
     "pcie_rx_kilobytes_per_second", "pcie_replay_count", "pcie_link_generation", "pcie_link_width",
     "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
     "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
-    "remapped_rows_failure", "nvlinks", "gpm",
+    "remapped_rows_failure", "power_violation_nanoseconds", "nvlinks", "gpm",
 };
 
 /* Configured values; a value absent from the config makes its call NOT_SUPPORTED. */
@@ -277,6 +278,7 @@ enum value {
     V_REMAP_UNC,
     V_REMAP_PENDING,
     V_REMAP_FAILURE,
+    V_POWER_VIOLATION,
     V_COUNT
 };
 static const char *const value_names[V_COUNT] = {
@@ -289,7 +291,7 @@ static const char *const value_names[V_COUNT] = {
     "pcie_rx_kilobytes_per_second", "pcie_replay_count", "pcie_link_generation", "pcie_link_width",
     "retired_pages_single_bit", "retired_pages_double_bit", "retired_pages_pending",
     "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
-    "remapped_rows_failure",
+    "remapped_rows_failure", "power_violation_nanoseconds",
 };
 
 /* An NVLink's values ("nvlink" line); an absent one answers NOT_SUPPORTED. */
@@ -1365,6 +1367,25 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t h, unsigned
         RETURN(NVML_ERROR_NOT_SUPPORTED);
     unsigned long long power = d->have[V_POWER] && !d->not_supported[F_POWER] ? d->value[V_POWER] : 0;
     *energy = d->value[V_ENERGY] + power * d->tick;
+    RETURN(NVML_SUCCESS);
+}
+
+/* nvmlViolationTime_t: ns the clocks were held down by a policy since driver load (reference time: us). */
+typedef struct {
+    unsigned long long referenceTime;
+    unsigned long long violationTime;
+} nvmlViolationTime_t;
+
+/* Policy NVML_PERF_POLICY_POWER (0): power_violation_nanoseconds, standing still; the other policies
+   (thermal, sync boost, ...) NOT_SUPPORTED, an unknown one INVALID_ARGUMENT. */
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t h, int policy, nvmlViolationTime_t *out) {
+    CARD_PROLOGUE(h, d, out);
+    if (policy < 0 || policy > 11)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (policy != 0 || unsupported(d, F_POWER_VIOLATION, V_POWER_VIOLATION, -1))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    out->referenceTime = d->tick * TICK_US;
+    out->violationTime = d->value[V_POWER_VIOLATION];
     RETURN(NVML_SUCCESS);
 }
 

@@ -37,6 +37,7 @@ HEALTH_INTS: dict[str, int] = {
     "remapped_rows_uncorrectable": U32,
     "remapped_rows_pending": 1,
     "remapped_rows_failure": 1,
+    "power_violation_nanoseconds": U64,  # nvmlViolationTime_t.violationTime: unsigned long long
 }
 # the config line's columns after the link index, in order
 NVLINK_VALUES = ("active", "tx_kibibytes", "rx_kibibytes", "crc_errors", "replay_errors", "recovery_errors")

@@ -97,6 +97,8 @@ READERS: dict[str, Callable[[Any], Any]] = {
     "retired_pages_double_bit": lambda h: len(pynvml.nvmlDeviceGetRetiredPages(
         h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
     "retired_pages_pending": pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
+    "power_violation_nanoseconds": lambda h: pynvml.nvmlDeviceGetViolationStatus(
+        h, pynvml.NVML_PERF_POLICY_POWER).violationTime,
     **{k: (lambda h, i=i: pynvml.nvmlDeviceGetRemappedRows(h)[i]) for i, k in enumerate(REMAPPED)},
     "nvlinks": read_links,
     "gpm": read_gpm,

@@ -1,5 +1,6 @@
 """Health reads of one card (issue 18): energy, enforced power limit, fan, P-state, memory
-temperature, PCIe, retired pages, row remapping, NVLink per link and GPM (``gpm.py``).
+temperature, PCIe, retired pages, row remapping, power-limit violation time, NVLink per link and
+GPM (``gpm.py``).
 
 * Each call is wrapped on its own (``errors.py``): NotSupported blanks only its field and is not
   an error; any other failure blanks the field and is counted under (call, error); GPU_IS_LOST
@@ -95,6 +96,7 @@ class HealthReader:
             remapped_rows_uncorrectable=unc,
             remapped_rows_pending=_flag(remap_pending),
             remapped_rows_failure=_flag(remap_failure),
+            power_violation_nanoseconds=self._violation(h, pynvml.NVML_PERF_POLICY_POWER),
             nvlinks=tuple(self._link(h, link, states, link_data[2 * i:2 * i + 2]) for i, link in enumerate(links)),
             gpm=self.gpm.read(dev.index, h),
         )
@@ -128,6 +130,11 @@ class HealthReader:
         pending = self._call("nvmlDeviceGetRetiredPagesPendingStatus", h)
         return (None if single is None else len(single), None if double is None else len(double),
                 None if pending is None else int(pending == pynvml.NVML_FEATURE_ENABLED))
+
+    def _violation(self, h: Any, policy: int) -> int | None:
+        """Nanoseconds the ``policy`` (power, thermal, ...) held the clocks down since the driver loaded."""
+        violation = self._call("nvmlDeviceGetViolationStatus", h, policy)  # nvmlViolationTime_t
+        return None if violation is None else int(violation.violationTime)
 
     def _field_values(self, h: Any, links: tuple[int, ...]) -> list[int | None]:
         """Memory temperature, then TX and RX KiB of each link; one NVML call for all of them."""
