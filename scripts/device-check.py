@@ -202,6 +202,7 @@ HEALTH_READS = {
     "retired_pages_double_bit": "nvmlDeviceGetRetiredPages(DOUBLE_BIT)",
     "retired_pages_pending": "nvmlDeviceGetRetiredPagesPendingStatus",
     "remapped_rows_correctable": "nvmlDeviceGetRemappedRows",
+    "power_violation_nanoseconds": "nvmlDeviceGetViolationStatus(POWER)",
 }
 # values that do not move within a few seconds: backend and direct read must agree on them
 STABLE = ("power_limit_milliwatts", "retired_pages_single_bit", "retired_pages_double_bit",
@@ -262,6 +263,8 @@ def _direct_card(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
         "nvmlDeviceGetRetiredPages(DOUBLE_BIT)": lambda: pages(pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
         "nvmlDeviceGetRetiredPagesPendingStatus": lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h),
         "nvmlDeviceGetRemappedRows": lambda: list(pynvml.nvmlDeviceGetRemappedRows(h)),
+        "nvmlDeviceGetViolationStatus(POWER)": lambda: pynvml.nvmlDeviceGetViolationStatus(
+            h, pynvml.NVML_PERF_POLICY_POWER).violationTime,
         "nvmlGpmQueryDeviceSupport": lambda: pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice,
     }
     return {name: _read(fn) for name, fn in calls.items()}
