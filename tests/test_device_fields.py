@@ -87,6 +87,22 @@ def test_native_families_carry_help_and_docs() -> None:
             assert f.help and f.unit and f.nvml, f.family
 
 
+
+def test_direct_reads_name_pynvml_calls_and_constants() -> None:
+    """A field's ``read`` drives the fake's readers and the real-GPU check: a typo fails here, not on a GPU."""
+    import pynvml
+
+    from exporter.node.nvml.direct import parse_read
+
+    reads = [f for f in DEVICE_FIELDS if f.read]
+    assert reads, "no field declares its direct read"
+    for f in reads:
+        call, args, _ = parse_read(f.read)
+        assert callable(getattr(pynvml, call, None)), f"{f.attr}: pynvml has no {call}"
+        assert all(isinstance(getattr(pynvml, a, None), int) for a in args), f"{f.attr}: {args}"
+    with pytest.raises(ValueError):
+        parse_read("nvmlDeviceGetFanSpeed(")
+
 def test_one_table_line_serves_every_output() -> None:
     """The power-limit violation time (one line of the table, read by health.py, a scenario key): native
     family, DCGM field, /status.json key and top column, from tests/scenarios/dcgm_node.yaml (2.5 s)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.node.scenario_health import HEALTH_INT_KEYS
 from tests.fake_nvml.checks import FakeNvmlError, as_int, as_ratio, as_seq, check_keys
 
 U32 = 2**32 - 1
@@ -18,26 +19,17 @@ U64 = 2**64 - 1
 NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of a 550 driver: links 0..17
 MAX_RETIRED_PAGES = 65_535  # the fake hands out one address per page; pynvml allocates 2n + 5
 
-# integer key -> the largest value the fake reports faithfully
-HEALTH_INTS: dict[str, int] = {
-    "energy_millijoules": 2**62,  # room for power x ticks on top
-    "power_limit_milliwatts": U32,
-    "fan_speed_percent": 100,
-    "performance_state": 15,
-    "memory_temperature_celsius": U32,
-    "pcie_tx_kilobytes_per_second": U32,
-    "pcie_rx_kilobytes_per_second": U32,
-    "pcie_replay_count": U32,
-    "pcie_link_generation": U32,
-    "pcie_link_width": U32,
+# integer key -> the largest value the fake reports faithfully: every scalar DeviceHealth field, by default
+# an unsigned int (NVML's usual out type) or the scenario's own bound (percent, P-state, 0/1 flags)
+# where smaller; the entries below differ from that.
+OWN_BOUNDS: dict[str, int] = {
+    "energy_millijoules": 2**62,  # unsigned long long, room for power x ticks on top
     "retired_pages_single_bit": MAX_RETIRED_PAGES,
     "retired_pages_double_bit": MAX_RETIRED_PAGES,
-    "retired_pages_pending": 1,
-    "remapped_rows_correctable": U32,
-    "remapped_rows_uncorrectable": U32,
-    "remapped_rows_pending": 1,
-    "remapped_rows_failure": 1,
     "power_violation_nanoseconds": U64,  # nvmlViolationTime_t.violationTime: unsigned long long
+}
+HEALTH_INTS: dict[str, int] = {
+    key: OWN_BOUNDS.get(key, U32 if top is None else min(top, U32)) for key, top in HEALTH_INT_KEYS.items()
 }
 # the config line's columns after the link index, in order
 NVLINK_VALUES = ("active", "tx_kibibytes", "rx_kibibytes", "crc_errors", "replay_errors", "recovery_errors")
@@ -45,6 +37,18 @@ NVLINK_KEYS = frozenset({"link", *NVLINK_VALUES})
 GPM_KEYS = ("graphics_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
 # device keys, every one a not_supported name as well; memory_reserved_bytes is per handle (MIG too)
 HEALTH_KEYS = frozenset(HEALTH_INTS) | {"memory_reserved_bytes", "nvlinks", "gpm"}
+
+
+
+def scalar_values(seed: int = 0) -> dict[str, int]:
+    """A value for every integer health key within its bound, distinct where the bound leaves room (a read
+    answering its neighbour's value shows): the health fixtures of the tests start from these, so a new
+    DeviceHealth field is exercised end to end without a fixture edit, and set by hand only what they assert."""
+    values = {}
+    for i, (key, top) in enumerate(HEALTH_INTS.items()):
+        wide = seed + 10 * (i + 1)
+        values[key] = wide if wide <= top else (seed + i) % (top + 1)
+    return values
 
 
 def health_lines(d: Mapping[str, Any], where: str) -> list[str]:

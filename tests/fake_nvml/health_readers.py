@@ -1,6 +1,7 @@
 """How a consumer reads the fake's health calls through pynvml, and what it should read.
 
-:data:`READERS` maps each health scenario key to the pynvml calls that read it; :func:`expected`
+:data:`READERS` maps each health scenario key to the pynvml calls that read it (the device
+fields' own ``read``, exporter/node/nvml/direct.py, where one call answers the value); :func:`expected`
 is the oracle: what those readers return for a scenario device at a tick, NotSupported included.
 tests/test_fake_nvml_health.py holds them against each other.
 """
@@ -12,6 +13,8 @@ from typing import Any
 
 import pynvml
 
+from exporter.exposition.device_fields import DEVICE_FIELDS
+from exporter.node.nvml.direct import direct_read, field_value
 from tests.fake_nvml.health_config import GPM_KEYS, HEALTH_INTS, NVLINK_VALUES
 
 NS = "NotSupported"  # what a reader yields for a call, field or metric that NVML does not support
@@ -30,10 +33,7 @@ def or_ns(read: Callable[[], Any]) -> Any:
 
 
 def field(h: Any, field_id: int, scope: int = 0) -> int:
-    (v,) = pynvml.nvmlDeviceGetFieldValues(h, [(field_id, scope)])
-    if v.nvmlReturn != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(v.nvmlReturn)
-    return v.value.ullVal if v.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG else v.value.uiVal
+    return field_value(pynvml, h, field_id, scope)
 
 
 def read_links(h: Any) -> dict[int, tuple[Any, ...]]:
@@ -79,27 +79,16 @@ def read_gpm(h: Any) -> dict[str, Any] | None:
     return {k: value if rc == pynvml.NVML_SUCCESS else NS for k, (rc, value) in zip(GPM_IDS, got, strict=True)}
 
 
-# scenario key -> how a consumer reads it through pynvml
+# scenario key -> how a consumer reads it through pynvml: each device field's own direct read
+# (DeviceField.read, keyed by its model field), and by hand the keys whose read is not one value of one call
 READERS: dict[str, Callable[[Any], Any]] = {
-    "energy_millijoules": pynvml.nvmlDeviceGetTotalEnergyConsumption,
-    "power_limit_milliwatts": pynvml.nvmlDeviceGetEnforcedPowerLimit,
-    "fan_speed_percent": pynvml.nvmlDeviceGetFanSpeed,
-    "performance_state": pynvml.nvmlDeviceGetPerformanceState,
-    "memory_temperature_celsius": lambda h: field(h, pynvml.NVML_FI_DEV_MEMORY_TEMP),
+    **{f.attr.rpartition(".")[2]: (lambda h, read=f.read: direct_read(pynvml, h, read))
+       for f in DEVICE_FIELDS if f.read},
     "memory_reserved_bytes": lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).reserved,
-    "pcie_tx_kilobytes_per_second": lambda h: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
-    "pcie_rx_kilobytes_per_second": lambda h: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
-    "pcie_replay_count": pynvml.nvmlDeviceGetPcieReplayCounter,
-    "pcie_link_generation": pynvml.nvmlDeviceGetCurrPcieLinkGeneration,
-    "pcie_link_width": pynvml.nvmlDeviceGetCurrPcieLinkWidth,
     "retired_pages_single_bit": lambda h: len(pynvml.nvmlDeviceGetRetiredPages(
         h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
     "retired_pages_double_bit": lambda h: len(pynvml.nvmlDeviceGetRetiredPages(
         h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
-    "retired_pages_pending": pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
-    "power_violation_nanoseconds": lambda h: pynvml.nvmlDeviceGetViolationStatus(
-        h, pynvml.NVML_PERF_POLICY_POWER).violationTime,
-    **{k: (lambda h, i=i: pynvml.nvmlDeviceGetRemappedRows(h)[i]) for i, k in enumerate(REMAPPED)},
     "nvlinks": read_links,
     "gpm": read_gpm,
 }
