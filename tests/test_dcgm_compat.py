@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from exporter.shell import cli
 from exporter.shell.config import load_config
 from exporter.xid.events import WriterCounts
 from exporter.xid.stats import XidCounters, last_xids
+from tests.fake_nvml.health_config import with_every_health_key
 
 DATA = Path(__file__).resolve().parent / "data" / "dcgm"
 SCENARIO = Path(__file__).resolve().parent / "scenarios" / "dcgm_node.yaml"
@@ -257,13 +259,16 @@ def test_off_by_default_and_on_by_flag_or_environment() -> None:
     assert load_config(["--no-dcgm-compat"], environ={"KUBE_GPU_EXPORTER_DCGM_COMPAT": "1"}).dcgm_compat is False
 
 
-def test_render_adds_the_dcgm_series_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["render", "--simulate", str(SCENARIO)]) == 0
+def test_render_adds_the_dcgm_series_only_when_asked(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # GPU 0 also gets a value for every health key the scenario leaves out: a new card field is served here
+    full = tmp_path / "dcgm_node.yaml"
+    full.write_text(yaml.safe_dump(with_every_health_key(yaml.safe_load(SCENARIO.read_text()))))
+    assert cli.main(["render", "--simulate", str(full)]) == 0
     assert "DCGM_FI_" not in capsys.readouterr().out
-    assert cli.main(["render", "--simulate", str(SCENARIO), "--dcgm-compat"]) == 0
+    assert cli.main(["render", "--simulate", str(full), "--dcgm-compat"]) == 0
     out = capsys.readouterr().out
     s = parse("\n".join(line for line in out.splitlines() if line.startswith("DCGM_FI_")))
-    assert {n for n, _ in s} >= {f.name for f in CARD_FIELDS}  # the scenario exercises every card field
+    assert {n for n, _ in s} >= {f.name for f in CARD_FIELDS}  # every card field served
     assert "nvidia_gpu_duty_cycle{" in out  # the native rows stay
     temps = named(s, "DCGM_FI_DEV_GPU_TEMP")
     assert len(temps) == 4 and {dict(k)["Hostname"] for k in temps} == {"dcgm-node"}

@@ -19,19 +19,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fake_nvml import FakeNvml, FakeNvmlError, build_fake_nvml, config_text, fake_nvml_loaded, subprocess_env
-from tests.fake_nvml.health_config import GPM_KEYS, HEALTH_INTS, HEALTH_KEYS, NVLINK_VALUES
+from tests.fake_nvml.health_config import GPM_KEYS, HEALTH_INTS, HEALTH_KEYS, NVLINK_VALUES, scalar_values
 from tests.fake_nvml.health_readers import NS, READERS, REMAPPED, expected, read_all
 
 REPO = Path(__file__).resolve().parents[1]
 FULL = {
     "uuid": "GPU-H", "name": "NVIDIA H100 80GB HBM3", "memory_total_bytes": 1000, "memory_used_bytes": 300,
-    "memory_reserved_bytes": 100, "power_usage_milliwatts": 250_000, "energy_millijoules": 5_000,
-    "power_limit_milliwatts": 700_000, "fan_speed_percent": 40, "performance_state": 2,
-    "memory_temperature_celsius": 70, "pcie_tx_kilobytes_per_second": 11, "pcie_rx_kilobytes_per_second": 22,
-    "pcie_replay_count": 3, "pcie_link_generation": 5, "pcie_link_width": 16, "retired_pages_single_bit": 2,
-    "retired_pages_double_bit": 1, "retired_pages_pending": 1, "remapped_rows_correctable": 4,
+    "memory_reserved_bytes": 100, "power_usage_milliwatts": 250_000,
+    **scalar_values(),  # every integer health key; below, the values these tests assert by number
+    "energy_millijoules": 5_000, "power_limit_milliwatts": 700_000, "fan_speed_percent": 40,
+    "retired_pages_single_bit": 2, "retired_pages_double_bit": 1, "remapped_rows_correctable": 4,
     "remapped_rows_uncorrectable": 1, "remapped_rows_pending": 0, "remapped_rows_failure": 1,
-    "power_violation_nanoseconds": 7_000_000_000,
+    "power_violation_nanoseconds": 7_000_000_000,  # beyond an unsigned int: the call's unsigned long long
     "nvlinks": [{"link": 0, "active": 1, "tx_kibibytes": 100, "rx_kibibytes": 200, "crc_errors": 1,
                  "replay_errors": 2, "recovery_errors": 3}, {"link": 3, "active": 0, "crc_errors": 9}],
     "gpm": {"graphics_active": 0.5, "sm_active": 0.25, "sm_occupancy": 0.125, "tensor_active": 0.0, "dram_active": 1},

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from exporter.attribution.attribute import NodeAttribution
 from exporter.exposition.label_names import LabelNames
@@ -32,6 +33,7 @@ from exporter.server.stats import HttpStats
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from exporter.xid.stats import XidStats, xid_metric_families
+from tests.fake_nvml.health_config import with_every_health_key
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden" / "families.txt"
@@ -39,6 +41,7 @@ SCENARIOS = sorted((ROOT / "examples").glob("*.yaml")) + sorted((ROOT / "tests" 
 # Flags that add families; flags that only drop some (--no-nvlink-metrics, --no-xid) add no name.
 FLAG_SETS = ((), ("--dcgm-compat", "--per-process-metrics"))
 # GPU 0 of the mixed node is at 00000000:07:00.0 and pid 1001 is its trainer's (tests/test_daemon_xid.py).
+FULL_SCENARIO = ROOT / "tests" / "scenarios" / "dcgm_node.yaml"
 XID_SCENARIO = ROOT / "examples" / "mixed-4gpu-node.yaml"
 KMSG_XID = ("4,10,1000000,-;NVRM: Xid (PCI:0000:07:00): 31, pid=1001, name=python, "
             "Ch 00000008, intr 00000000. MMU Fault\n")
@@ -126,6 +129,10 @@ def union(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, set[
     for scenario in SCENARIOS:
         for flags in FLAG_SETS:
             merge(out, served(scenario_scrape(scenario, flags)))
+    # every health key on one GPU: a new device field's families are served with no scenario edit
+    full = tmp_path_factory.mktemp("full") / "dcgm_node.yaml"
+    full.write_text(yaml.safe_dump(with_every_health_key(yaml.safe_load(FULL_SCENARIO.read_text()))))
+    merge(out, served(scenario_scrape(full, FLAG_SETS[-1])))
     merge(out, served(xid_scrape(tmp_path_factory.mktemp("xid"))))
     merge(out, served(fault_families()))
     return out

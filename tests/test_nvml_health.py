@@ -22,17 +22,17 @@ from exporter.model import DeviceHealth, DeviceSample, GpmSample, NvLinkSample
 from exporter.node.scenario_health import HEALTH_KEYS
 from exporter.node.simulate import SimulatedBackend, parse_scenario
 from tests.fake_nvml import build_fake_nvml
+from tests.fake_nvml.health_config import scalar_values
 from tests.test_nvml_backend import GIB, GPU1, Harness, counting_wrapper, failing_for, mig_scenario, scenario, uuid_of
 
 KIB = 1024
 HEALTH: dict[str, Any] = {
-    "energy_millijoules": 5_000_000, "power_limit_milliwatts": 700_000, "fan_speed_percent": 35,
-    "performance_state": 2, "memory_temperature_celsius": 71, "memory_reserved_bytes": 600 << 20,
-    "pcie_tx_kilobytes_per_second": 2_000, "pcie_rx_kilobytes_per_second": 9_000, "pcie_replay_count": 4,
-    "pcie_link_generation": 5, "pcie_link_width": 16, "retired_pages_single_bit": 3,
-    "retired_pages_double_bit": 1, "retired_pages_pending": 1, "remapped_rows_correctable": 6,
-    "remapped_rows_uncorrectable": 2, "remapped_rows_pending": 1, "remapped_rows_failure": 0,
-    "power_violation_nanoseconds": 4_500_000_000,
+    **scalar_values(1),  # every integer health key; below, the values tests here and test_device_check assert
+    "energy_millijoules": 5_000_000, "power_limit_milliwatts": 700_000, "memory_temperature_celsius": 71,
+    "memory_reserved_bytes": 600 << 20, "retired_pages_single_bit": 3, "retired_pages_double_bit": 1,
+    "retired_pages_pending": 1, "remapped_rows_correctable": 6, "remapped_rows_uncorrectable": 2,
+    "remapped_rows_pending": 1, "remapped_rows_failure": 0,
+    "power_violation_nanoseconds": 4_500_000_000,  # past 2**32: the call's unsigned long long end to end
     "nvlinks": [
         {"link": 17, "active": 1, "tx_kibibytes": 30, "rx_kibibytes": 40, "crc_errors": 0, "replay_errors": 0,
          "recovery_errors": 0},

@@ -26,17 +26,13 @@ from exporter.node.scenario_health import (
     parse_health,
 )
 from exporter.node.simulate import ScenarioError, SimulatedBackend, parse_scenario
+from tests.fake_nvml.health_config import scalar_values
 from tests.test_scenario_properties import documents
 
 KIB = 1024
 HEALTH: dict[str, Any] = {
-    "energy_millijoules": 123_456_789, "power_limit_milliwatts": 700_000, "fan_speed_percent": 35,
-    "performance_state": 0, "memory_temperature_celsius": 61, "pcie_tx_kilobytes_per_second": 2_000,
-    "pcie_rx_kilobytes_per_second": 9_000, "pcie_replay_count": 4, "pcie_link_generation": 5,
-    "pcie_link_width": 16, "retired_pages_single_bit": 2, "retired_pages_double_bit": 1,
-    "retired_pages_pending": 0, "remapped_rows_correctable": 3, "remapped_rows_uncorrectable": 1,
-    "remapped_rows_pending": 1, "remapped_rows_failure": 0,
-    "power_violation_nanoseconds": 4_500_000_000,
+    **scalar_values(2),  # every integer health key (DeviceHealth's own fields), each its own value
+    "energy_millijoules": 123_456_789,
     "nvlinks": [
         {"link": 1, "active": 1, "tx_kibibytes": 10, "rx_kibibytes": 20, "crc_errors": 0, "replay_errors": 1,
          "recovery_errors": 2},

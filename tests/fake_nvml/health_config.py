@@ -51,6 +51,14 @@ def scalar_values(seed: int = 0) -> dict[str, int]:
     return values
 
 
+
+def with_every_health_key(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Scenario ``doc`` with its first device given every integer health key it leaves out (scalar_values):
+    what serves a new device field's families (the golden list, the DCGM card fields) with no scenario edit."""
+    first, *rest = doc["devices"]
+    return {**doc, "devices": [{**scalar_values(), **first}, *rest]}
+
+
 def health_lines(d: Mapping[str, Any], where: str) -> list[str]:
     """The card-level health lines of device mapping ``d`` (null keys are absent)."""
     lines = [f"{key} {as_int(d[key], f'{where}.{key}', top)}" for key, top in HEALTH_INTS.items()
