@@ -186,23 +186,10 @@ def run_checks(out_dir: Path, load_seconds: float | None) -> int:
 
 # ---- health (issue 18): every new NVML call read straight, each on its own -------------------
 
-# DeviceHealth field -> the direct read that feeds it (the backend must have a value exactly where it has)
-HEALTH_READS = {
-    "energy_millijoules": "nvmlDeviceGetTotalEnergyConsumption",
-    "power_limit_milliwatts": "nvmlDeviceGetEnforcedPowerLimit",
-    "fan_speed_percent": "nvmlDeviceGetFanSpeed",
-    "performance_state": "nvmlDeviceGetPerformanceState",
-    "memory_temperature_celsius": "nvmlDeviceGetFieldValues(MEMORY_TEMP)",
-    "pcie_tx_kilobytes_per_second": "nvmlDeviceGetPcieThroughput(TX_BYTES)",
-    "pcie_rx_kilobytes_per_second": "nvmlDeviceGetPcieThroughput(RX_BYTES)",
-    "pcie_replay_count": "nvmlDeviceGetPcieReplayCounter",
-    "pcie_link_generation": "nvmlDeviceGetCurrPcieLinkGeneration",
-    "pcie_link_width": "nvmlDeviceGetCurrPcieLinkWidth",
+# DeviceHealth field -> the direct read by hand that feeds it (the others: spec_reads())
+HAND_READS = {
     "retired_pages_single_bit": "nvmlDeviceGetRetiredPages(SINGLE_BIT)",
     "retired_pages_double_bit": "nvmlDeviceGetRetiredPages(DOUBLE_BIT)",
-    "retired_pages_pending": "nvmlDeviceGetRetiredPagesPendingStatus",
-    "remapped_rows_correctable": "nvmlDeviceGetRemappedRows",
-    "power_violation_nanoseconds": "nvmlDeviceGetViolationStatus(POWER)",
 }
 # values that do not move within a few seconds: backend and direct read must agree on them
 STABLE = ("power_limit_milliwatts", "retired_pages_single_bit", "retired_pages_double_bit",
@@ -223,16 +210,18 @@ def _read(fn: Any) -> dict[str, Any]:
         return {"error": f"python: {type(e).__name__}: {e}"}
 
 
+def spec_reads() -> dict[str, str]:
+    """DeviceHealth field -> its device field's own direct read (DeviceField.read, exporter/node/nvml/direct.py)."""
+    from exporter.exposition.device_fields import DEVICE_FIELDS
+
+    return {f.attr.removeprefix("health."): f.read for f in DEVICE_FIELDS if f.read and f.attr.startswith("health.")}
+
+
 def _field(pynvml: Any, h: Any, field_id: int, scope: int = 0) -> Any:
     """One field of nvmlDeviceGetFieldValues: its value, or its own nvmlReturn raised."""
-    v = pynvml.nvmlDeviceGetFieldValues(h, [(field_id, scope)])[0]
-    if v.nvmlReturn != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(v.nvmlReturn)
-    member = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-              pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-              pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-              pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}[v.valueType]
-    return getattr(v.value, member)
+    from exporter.node.nvml.direct import field_value
+
+    return field_value(pynvml, h, field_id, scope)
 
 
 def _direct_card(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
@@ -244,27 +233,14 @@ def _direct_card(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
     def pages(cause: int) -> int:
         return len(pynvml.nvmlDeviceGetRetiredPages(h, cause))
 
+    from exporter.node.nvml.direct import direct_read
+
     calls = {
-        "nvmlDeviceGetTotalEnergyConsumption": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h),
-        "nvmlDeviceGetEnforcedPowerLimit": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
-        "nvmlDeviceGetFanSpeed": lambda: pynvml.nvmlDeviceGetFanSpeed(h),
-        "nvmlDeviceGetPerformanceState": lambda: pynvml.nvmlDeviceGetPerformanceState(h),
-        "nvmlDeviceGetFieldValues(MEMORY_TEMP)": lambda: _field(pynvml, h, pynvml.NVML_FI_DEV_MEMORY_TEMP),
+        **{read: (lambda read=read: direct_read(pynvml, h, read)) for read in spec_reads().values()},
         "nvmlDeviceGetMemoryInfo_v2": memory_v2,
-        "nvmlDeviceGetPcieThroughput(TX_BYTES)": lambda: pynvml.nvmlDeviceGetPcieThroughput(
-            h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
-        "nvmlDeviceGetPcieThroughput(RX_BYTES)": lambda: pynvml.nvmlDeviceGetPcieThroughput(
-            h, pynvml.NVML_PCIE_UTIL_RX_BYTES),
-        "nvmlDeviceGetPcieReplayCounter": lambda: pynvml.nvmlDeviceGetPcieReplayCounter(h),
-        "nvmlDeviceGetCurrPcieLinkGeneration": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
-        "nvmlDeviceGetCurrPcieLinkWidth": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
         "nvmlDeviceGetRetiredPages(SINGLE_BIT)": lambda: pages(
             pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
         "nvmlDeviceGetRetiredPages(DOUBLE_BIT)": lambda: pages(pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR),
-        "nvmlDeviceGetRetiredPagesPendingStatus": lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h),
-        "nvmlDeviceGetRemappedRows": lambda: list(pynvml.nvmlDeviceGetRemappedRows(h)),
-        "nvmlDeviceGetViolationStatus(POWER)": lambda: pynvml.nvmlDeviceGetViolationStatus(
-            h, pynvml.NVML_PERF_POLICY_POWER).violationTime,
         "nvmlGpmQueryDeviceSupport": lambda: pynvml.nvmlGpmQueryDeviceSupport(h).isSupportedDevice,
     }
     return {name: _read(fn) for name, fn in calls.items()}
@@ -330,13 +306,13 @@ def _health_mismatches(direct: dict[str, dict[str, Any]], rows: list[Any]) -> li
     """Where the backend's health (two cycles of one card) disagrees with the direct reads."""
     first, second = rows[0].health, rows[-1].health
     wrong = []
-    for field, call in HEALTH_READS.items():
+    for field, call in (spec_reads() | HAND_READS).items():
         answer = direct.get(call, {})
         has = "value" in answer and not (field == "performance_state" and answer["value"] == 32)
         if (getattr(second, field) is not None) != has:
             wrong.append(f"{field}: backend {getattr(second, field)!r}, direct {answer}")
         elif has and field in STABLE:
-            want = answer["value"][0] if field == "remapped_rows_correctable" else answer["value"]
+            want = answer["value"]
             if getattr(second, field) != want:
                 wrong.append(f"{field}: backend {getattr(second, field)!r} != direct {want!r}")
     memory = "value" in direct.get("nvmlDeviceGetMemoryInfo_v2", {})

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from exporter.exposition.device_fields import DEVICE_FIELDS
 from tests.fake_nvml import build_fake_nvml, subprocess_env, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,9 +52,14 @@ def test_device_check_reads_every_health_call_and_checks_the_backend_against_it(
     h100, other = report["health_direct"][H100["uuid"]], report["health_direct"][t4["uuid"]]
     # every new call read straight, its answer printed
     assert h100["nvmlDeviceGetEnforcedPowerLimit"] == {"value": 700_000}
-    assert h100["nvmlDeviceGetFieldValues(MEMORY_TEMP)"] == {"value": 71}
+    assert h100["nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)"] == {"value": 71}
     assert h100["nvmlDeviceGetMemoryInfo_v2"]["value"]["reserved"] == 600 << 20
-    assert h100["nvmlDeviceGetRemappedRows"] == {"value": [6, 2, 1, 0]}
+    assert [h100[f"nvmlDeviceGetRemappedRows[{i}]"] for i in range(4)] == [{"value": v} for v in (6, 2, 1, 0)]
+    # every device field's own read, read straight (DeviceField.read), with the scenario's value (energy: grown)
+    reads = {f.attr.removeprefix("health."): f.read for f in DEVICE_FIELDS if f.read}
+    got = {k: h100[read].get("value") for k, read in reads.items()}
+    assert got.pop("energy_millijoules") >= H100["energy_millijoules"]
+    assert got == {k: H100[k] for k in got}
     assert sorted(k for k in h100 if k.endswith(" state")) == ["nvlink 0 state", "nvlink 17 state", "nvlink 5 state"]
     assert h100["nvlink 0 tx KiB"] == {"value": 10} and h100["nvlink 5 tx KiB"] == {"error": "NVMLError_NotSupported"}
     assert h100["gpm sm_active (percent)"] == {"value": 50.0}
