@@ -2,7 +2,7 @@
 CSV and the docs, whose generated section it writes.
 
 ``UPDATE_DOCS=1 .venv/bin/python -m pytest tests/test_device_fields.py`` rewrites the generated table of
-docs/metrics.md after a change of the table.
+docs/metrics.md and the fake NVML's key table of docs/testing.md after a change of the table.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tests.test_dcgm_compat import csv_fields
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "metrics.md"
 GOLDEN = ROOT / "tests" / "golden" / "families.txt"
+TESTING_DOC = ROOT / "docs" / "testing.md"
 
 
 def generated(section: str) -> re.Pattern[str]:
@@ -47,6 +48,22 @@ def test_docs_tables_are_generated_from_the_table(section: str) -> None:
         assert m
     assert m.group(2) == TABLES[section](), "stale: rerun with UPDATE_DOCS=1 (see this module's docstring)"
 
+
+
+def test_fake_keys_of_the_testing_docs_are_generated() -> None:
+    """docs/testing.md's table of the fake NVML's integer health keys follows the table (UPDATE_DOCS=1 rewrites)."""
+    from tests.fake_nvml.health_config import keys_markdown
+
+    pattern = re.compile(r"(<!-- BEGIN generated from tests/fake_nvml/health_config.py: keys [^\n]*-->\n)(.*?)"
+                         r"(<!-- END generated -->)", re.S)
+    text = TESTING_DOC.read_text()
+    m = pattern.search(text)
+    assert m, "docs/testing.md lost its generated keys table (BEGIN/END markers)"
+    if os.environ.get("UPDATE_DOCS"):
+        TESTING_DOC.write_text(text[:m.start(2)] + keys_markdown() + text[m.end(2):])
+        m = pattern.search(TESTING_DOC.read_text())
+        assert m
+    assert m.group(2) == keys_markdown(), "stale: rerun with UPDATE_DOCS=1 (see this module's docstring)"
 
 def test_every_field_names_a_model_value() -> None:
     model = {"": {f.name for f in fields(DeviceSample)}, "health": {f.name for f in fields(DeviceHealth)},

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from exporter.exposition.device_fields import DEVICE_FIELDS
 from exporter.node.scenario_health import HEALTH_INT_KEYS
 from tests.fake_nvml.checks import FakeNvmlError, as_int, as_ratio, as_seq, check_keys
 
@@ -57,6 +58,20 @@ def with_every_health_key(doc: Mapping[str, Any]) -> dict[str, Any]:
     what serves a new device field's families (the golden list, the DCGM card fields) with no scenario edit."""
     first, *rest = doc["devices"]
     return {**doc, "devices": [{**scalar_values(), **first}, *rest]}
+
+
+
+def _bound(top: int) -> str:
+    named = {U32: "2³² \N{MINUS SIGN} 1", U64: "2⁶⁴ \N{MINUS SIGN} 1", 2**62: "2⁶²"}  # as the docs write them
+    return named.get(top, f"{top:,}".replace(",", " "))
+
+
+def keys_markdown() -> str:
+    """docs/testing.md's generated table: every integer health key, its bound and the pynvml read answering it."""
+    reads = {f.attr.rpartition(".")[2]: f.read for f in DEVICE_FIELDS if f.read}
+    rows = [f"| `{key}` | {_bound(top)} | " + (f"`{reads[key]}`" if key in reads else "by hand, below") + " |\n"
+            for key, top in HEALTH_INTS.items()]
+    return "| key | at most | read through pynvml (`DeviceField.read`) |\n| --- | --- | --- |\n" + "".join(rows)
 
 
 def health_lines(d: Mapping[str, Any], where: str) -> list[str]:
