@@ -37,10 +37,9 @@ DATA = Path(__file__).resolve().parent / "data" / "dcgm"
 NODE = "dcgm-node"
 DASHBOARD = DATA / "dcgm-exporter-dashboard.json"
 ALERT_FILES = ("canonical-hardware-observer-dcgm.yaml", "aws-hyperpod-observability-alerts.yaml")
-# Alerts on DCGM fields without an NVML source: throttling durations (nvmlDeviceGetViolationStatus is
-# not read). They must stay empty; the rest of each file is checked.
-NO_NVML_SOURCE = {"GPUPowerViolation": "DCGM_FI_DEV_POWER_VIOLATION",
-                  "GPUThermalViolation": "DCGM_FI_DEV_THERMAL_VIOLATION"}
+# Alerts on DCGM fields without an NVML source: the thermal throttling duration (only the power one,
+# nvmlDeviceGetViolationStatus(POWER), is read). They must stay empty; the rest of each file is checked.
+NO_NVML_SOURCE = {"GPUThermalViolation": "DCGM_FI_DEV_THERMAL_VIOLATION"}
 # Alerts of those files on other exporters' series (kubelet, node_exporter, FSx): not ours to answer.
 NOT_DCGM = {"MIGConfigFailure", "NodeDiskSpaceWarning", "FsxLustreStorageWarning"}
 # The test's kernel log: Xid 48 (double-bit ECC) on the H100 (00000000:1A:00.0).
@@ -104,6 +103,7 @@ def test_stored_inputs_are_the_published_files() -> None:
     assert set(NO_NVML_SOURCE) | NOT_DCGM <= names and len(names) == 16
 
 
+@pytest.mark.e2e
 def test_nvidia_dashboard_and_dcgm_alerts_return_data(tmp_path: Path) -> None:
     assert Path(PROMETHEUS).exists(), "Prometheus server missing: apt-get install prometheus"
     kmsg = tmp_path / "kmsg"
@@ -155,7 +155,7 @@ def _check_alerts(base: str) -> None:
         if not poll(lambda e=expr: query(base, e), 10):
             empty.append((name, alert, expr))
     assert not empty, f"alert expressions without data: {empty}"
-    assert len(checked) == 11, checked  # 6 throttle alerts, 5 of the HyperPod set
+    assert len(checked) == 12, checked  # 6 throttle alerts, 6 of the HyperPod set (power violation included)
     # Spot values: the Xid is the kmsg file's, the shared GPU's throttle series has no pod labels.
     (xid,) = query(base, "DCGM_FI_DEV_XID_ERRORS > 0").items()
     assert xid[1] == 48 and ("UUID", "GPU-dc600000-0000-4000-8000-000000000003") in xid[0]
