@@ -22,12 +22,15 @@ from exporter.attribution.cgroup import parse_cgroup
 from exporter.attribution.schemes.base import MIB
 from exporter.model import (
     CgroupRef,
+    ClaimResource,
     DeviceSample,
+    DynamicResource,
     NodeSample,
     PodResources,
     PodResourcesContainer,
     ProcessUsage,
 )
+from exporter.node.dra_source import static_dra
 from exporter.node.pod_store import PodStore
 from exporter.node.pods import parse_pod
 from exporter.xid.dedup import FallenEchoFilter
@@ -42,7 +45,7 @@ from exporter.xid.parse import (
 )
 
 DATA = Path(__file__).parent / "data" / "realworld"
-KINDS = ("cgroup", "kmsg", "pod")
+KINDS = ("cgroup", "kmsg", "pod", "dra")
 MIN_CASES = 80
 # dmesg's "[  219.470994]" boot-relative timestamp, wherever the line carries one.
 _DMESG_TS = re.compile(r"\[\s*(?P<sec>\d+)\.(?P<usec>\d{1,6})\]")
@@ -166,7 +169,7 @@ def _pod_resources(pod_obj: Mapping[str, Any], node: Mapping[str, Any]) -> list[
     return [PodResources(meta["name"], meta["namespace"], containers)]
 
 
-_ALLOC_KEYS = ("container", "scheme", "uuid", "compute_percent", "memory_bytes", "whole", "memory_fraction")
+_ALLOC_KEYS = ("pod", "container", "scheme", "uuid", "compute_percent", "memory_bytes", "whole", "memory_fraction")
 
 
 def _norm(value: Any) -> Any:
@@ -214,7 +217,43 @@ def _check_pod(case: Case) -> None:
     assert _alloc_rows(got, want) == _alloc_rows(want, want), f"got {got}"
 
 
-_CHECKS = {"cgroup": _check_cgroup, "kmsg": _check_kmsg, "pod": _check_pod}
+# ---------------------------------------------------------------- dra
+
+
+def _kubelet_dra(raw: list[Mapping[str, Any]] | None) -> list[PodResources] | None:
+    """The kubelet's pod-resources answer with its DRA entries (proto field names), None without a socket."""
+    if raw is None:
+        return None
+    return [PodResources(p["name"], p["namespace"], tuple(
+        PodResourcesContainer(c["name"], (), tuple(
+            DynamicResource(d["claim_name"], d["claim_namespace"], tuple(
+                ClaimResource(r["driver_name"], r["pool_name"], r["device_name"]) for r in d["claim_resources"]))
+            for d in c.get("dynamic_resources", [])))
+        for c in p["containers"])) for p in raw]
+
+
+def _check_dra(case: Case) -> None:
+    """Pods, ResourceClaims and ResourceSlices through the same sources and parsers as the daemon's."""
+    objs, node = case["input"], case.get("node") or {}
+    pods = [parse_pod(o)[0] for o in objs["pods"]]
+    dra = static_dra(objs.get("resource_slices") or [], objs.get("resource_claims") or [], objs["pods"])
+    result = compute_allocations(AllocationInputs(
+        pods, _devices(node), node.get("labels") or {}, _kubelet_dra(node.get("pod_resources")),
+        resource_slices=dra.resource_slices(), resource_claims=dra.resource_claims(), pod_claims=dra.pod_claims(),
+        node_name=node["name"]))
+    names = {p.uid: p.name for p in pods}
+    got = [{"pod": names[a.pod_uid], "container": a.container, "scheme": a.scheme, "uuid": a.uuid,
+            "compute_percent": a.compute_percent, "memory_bytes": a.memory_bytes, "whole": a.whole,
+            "memory_fraction": a.memory_fraction} for a in result.allocations]
+    want: list[dict[str, Any]] = [dict(w) for w in case["expected"] or []]
+    for w in want:
+        if "memory_mib" in w:
+            w["memory_bytes"] = int(w.pop("memory_mib") * MIB)
+    assert _alloc_rows(got, want) == _alloc_rows(want, want), f"got {got}"
+    assert dict(result.skips) == (case.get("expected_skips") or {})
+
+
+_CHECKS = {"cgroup": _check_cgroup, "kmsg": _check_kmsg, "pod": _check_pod, "dra": _check_dra}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[str(c.get("id")) for c in CASES])
