@@ -67,7 +67,7 @@ def compute_allocations(inputs: AllocationInputs) -> AllocationResult:
         try:
             mapping = device_uuids(parse_slices(inputs.resource_slices or (), node_name, skip), devices, skip)
             dra_allocs = dra_allocations(pods, mapping, dynamic, parse_claims(inputs.resource_claims or (), skip),
-                                         pod_claims or {}, skip)
+                                         pod_claims or {}, skip, devices)
         except Exception:  # hostile DRA objects must never fail the cycle for the other schemes
             skip("dra_allocation_failed")
     node = NodeContext(devices, inputs.node_labels or {}, index_pod_resources(pod_resources), skip,

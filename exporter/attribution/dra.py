@@ -11,7 +11,10 @@ for the container (authoritative), else from the Pod's claim references joined w
 ResourceClaim, which must be reserved for that pod (a pod cannot take a device by naming another
 pod's claim). ``adminAccess`` results (monitoring) hold nothing. A device held by several
 containers, of one pod or of several, is shared: its one grant (100 % and the device's memory) is
-split evenly among them, so every claim counts once however many containers name it.
+split evenly among them, so every claim counts once however many containers name it. A device under
+a sharing config of NVIDIA's driver (MPS, time-slicing: :mod:`exporter.attribution.dra_sharing`) is
+shared whatever its holders: each gets the MPS limits (``dra-mps``), or no fixed grant
+(``dra-time-slicing``).
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from exporter.attribution.dra_objects import ClaimInfo, ClaimResult, PodClaims, SliceDevice
-from exporter.attribution.schemes.base import Allocation
-from exporter.model import DeviceSample, DynamicResource, PodInfo, PodResources
+from exporter.attribution import dra_sharing
+from exporter.attribution.dra_objects import MAX_RESULTS, ClaimInfo, ClaimResult, PodClaims, SliceDevice
+from exporter.attribution.schemes.base import Allocation, amount
+from exporter.model import ContainerInfo, DeviceSample, DynamicResource, PodInfo, PodResources
 
 SCHEME_DRA = "dra"
 SCHEME_DRA_SHARED = "dra-shared"
+SCHEME_BY_STRATEGY = {dra_sharing.MPS: "dra-mps", dra_sharing.TIME_SLICING: "dra-time-slicing"}
 GPU_DRIVERS = frozenset({"gpu.nvidia.com"})  # devices of other drivers (compute domains, NICs) are no GPUs
 NOT_NVML = frozenset({"vfio"})  # passed through to a VM: NVML on the host does not list it
 
@@ -91,11 +96,36 @@ class _Holdings:
     """Who holds which GPU through which claim, gathered container by container."""
 
     def __init__(self, mapping: Mapping[Triplet, str], claims: Mapping[tuple[str, str], ClaimInfo],
-                 skip: Skip) -> None:
+                 skip: Skip, devices: Sequence[DeviceSample] = ()) -> None:
         self.mapping, self.claims, self.skip = mapping, claims, skip
         self.held: dict[ContainerKey, list[str]] = {}
         self.holders: dict[str, list[ContainerKey]] = {}
         self.reserved: dict[str, int] = {}  # uuid -> the most pods one of its claims is reserved for
+        self.kinds = {d.uuid: "gpu" if d.parent_uuid is None else "mig" for d in devices}
+        self.memory = {d.uuid: d.memory_total_bytes for d in devices if d.memory_total_bytes}
+        self.grants: dict[str, dra_sharing.Grant] = {}  # uuid -> its holders' grant under a sharing config
+        self._claim_grants: dict[tuple[str, str], dict[str, dra_sharing.Grant]] = {}
+        self.expected: dict[ContainerKey, int] = {}  # DRA-backed extended resources: how many devices
+
+    def grants_of(self, claim: ClaimInfo) -> dict[str, dra_sharing.Grant]:
+        """The sharing grants of a claim's devices by uuid, worked out once per claim (skips counted once)."""
+        key = (claim.namespace, claim.name)
+        if key not in self._claim_grants:
+            # config index -> its sharing and the uuids it applies to, as the driver groups them
+            groups: dict[int, tuple[dra_sharing.Sharing, list[str]]] = {}
+            for r in claim.results:
+                uuid = self.mapping.get((r.driver, r.pool, r.device))
+                if uuid is None or r.admin_access or r.driver != dra_sharing.DRIVER:
+                    continue
+                i = dra_sharing.select(claim.configs, r.request, self.kinds.get(uuid, ""), self.skip)
+                sharing = claim.configs[i].sharing if i is not None else None
+                if i is not None and sharing is not None:
+                    groups.setdefault(i, (sharing, []))[1].append(uuid)
+            out: dict[str, dra_sharing.Grant] = {}
+            for sharing, uuids in groups.values():
+                out.update(dra_sharing.grants(sharing, uuids, self.memory, self.skip))
+            self._claim_grants[key] = out
+        return self._claim_grants[key]
 
     def add(self, key: ContainerKey, claim: ClaimInfo | None, triplet: Triplet) -> None:
         uuid = self.mapping.get(triplet)
@@ -109,6 +139,9 @@ class _Holdings:
         self.holders.setdefault(uuid, []).append(key)
         if claim is not None:
             self.reserved[uuid] = max(self.reserved.get(uuid, 0), len(claim.reserved_for))
+            grant = self.grants_of(claim).get(uuid)
+            if grant is not None:
+                self.grants[uuid] = grant
 
     def from_kubelet(self, key: ContainerKey, entries: Sequence[DynamicResource], pc: PodClaims | None) -> None:
         for dr in entries:
@@ -135,8 +168,20 @@ class _Holdings:
                     self.add(key, claim, (r.driver, r.pool, r.device))
 
     def allocations(self) -> dict[ContainerKey, tuple[Allocation, ...]]:
-        out: dict[ContainerKey, list[Allocation]] = {}
+        # A container whose nvidia.com/gpu DRA serves but whose claim is not read yet (or not its own) holds
+        # that many devices of DRA, placed by its processes: never the device plugin's (an empty tuple
+        # still keeps the device plugin's scheme off it).
+        out: dict[ContainerKey, list[Allocation]] = {
+            k: [Allocation(k[0], k[1], SCHEME_DRA, True, None, 100.0, None)] * n
+            for k, n in self.expected.items() if k not in self.held}
         for uuid, keys in self.holders.items():
+            grant = self.grants.get(uuid)
+            if grant is not None:  # the config's limits are each holder's (MPS), or there is none (time-slicing)
+                for pod_uid, container in keys:
+                    out.setdefault((pod_uid, container), []).append(Allocation(
+                        pod_uid, container, SCHEME_BY_STRATEGY[grant.strategy], False, uuid, grant.compute_percent,
+                        grant.memory_bytes))
+                continue
             n = len(keys)
             whole = n == 1 and self.reserved.get(uuid, 1) <= 1
             scheme = SCHEME_DRA if whole else SCHEME_DRA_SHARED
@@ -149,9 +194,9 @@ class _Holdings:
 def dra_allocations(pods: Iterable[PodInfo], mapping: Mapping[Triplet, str],
                     dynamic: Mapping[tuple[str, str, str], Sequence[DynamicResource]],
                     claims: Mapping[tuple[str, str], ClaimInfo], pod_claims: Mapping[str, PodClaims],
-                    skip: Skip) -> dict[ContainerKey, tuple[Allocation, ...]]:
-    """Every container's DRA allocations on this node (see the module docstring)."""
-    h = _Holdings(mapping, claims, skip)
+                    skip: Skip, devices: Sequence[DeviceSample] = ()) -> dict[ContainerKey, tuple[Allocation, ...]]:
+    """Every container's DRA allocations on this node (see the module docstring); ``devices``: NVML's."""
+    h = _Holdings(mapping, claims, skip, devices)
     for pod in pods:
         if pod.phase in ("Succeeded", "Failed"):
             continue
@@ -163,4 +208,12 @@ def dra_allocations(pods: Iterable[PodInfo], mapping: Mapping[Triplet, str],
                 h.from_kubelet(key, entries, pc)
             elif pc is not None and pc.namespace == pod.namespace:
                 h.from_claims(pod, key, pc)  # before 1.34 the kubelet lists no DRA entries by default
+            if pc is not None and c.name in pc.extended:
+                h.expected[key] = _count(c, pc.extended[c.name])
     return h.allocations()
+
+
+def _count(c: ContainerInfo, resources: Sequence[str]) -> int:
+    """How many devices a container's DRA-backed extended resources ask for (bounded by a claim's results)."""
+    n = sum(int(q) for q in (amount(c, r) for r in resources) if q is not None and q <= MAX_RESULTS)
+    return min(n, MAX_RESULTS)

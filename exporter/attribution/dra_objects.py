@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.attribution.dra_sharing import DeviceConfig, parse_configs
 from exporter.model import EMPTY
 
 MAX_NAME = 253  # the longest object name (DNS subdomain); device and pool names are shorter
@@ -19,6 +20,9 @@ MAX_RESULTS = 32  # per claim: v1 AllocationResultsMaxSize
 MAX_RESERVED = 256  # per claim: v1 ResourceClaimReservedForMaxSize
 MAX_POD_CLAIMS = 32  # per pod, and claim references per container (the API's limits are lower)
 MAX_ATTRIBUTES = 32  # per device: v1 ResourceSliceMaxAttributesAndCapacitiesPerDevice
+# The pod-local name given to the claim the scheduler made for DRA-backed extended resources (the pod's
+# status.extendedResourceClaimStatus): not a DNS label, so no claim of the pod's spec can be named so.
+EXTENDED = "<extended-resources>"
 
 Skip = Callable[[str], None]
 
@@ -52,12 +56,13 @@ class ClaimResult:
 
 @dataclass(frozen=True, slots=True)
 class ClaimInfo:
-    """An allocated ResourceClaim: its devices and the pods (uids) it is reserved for."""
+    """An allocated ResourceClaim: its devices, the pods (uids) it is reserved for, the driver's configs."""
 
     namespace: str
     name: str
     results: tuple[ClaimResult, ...]
     reserved_for: frozenset[str]
+    configs: tuple[DeviceConfig, ...] = ()  # gpu.nvidia.com's, lowest precedence first (dra_sharing.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,8 @@ class PodClaims:
     namespace: str
     claims: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # "" while a template's claim is unnamed
     containers: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=lambda: EMPTY)  # (claim, request)
+    # containers whose extended resources (e.g. nvidia.com/gpu) DRA serves -> those resources' names
+    extended: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: EMPTY)
 
 
 def _name(value: Any) -> str | None:
@@ -162,7 +169,7 @@ def parse_claims(objs: Iterable[Any], skip: Skip) -> dict[tuple[str, str], Claim
     """Allocated ResourceClaims by (namespace, name); unallocated ones are left out silently."""
     out: dict[tuple[str, str], ClaimInfo] = {}
     for obj in objs:
-        meta, status = _obj(_obj(obj).get("metadata")), _obj(_obj(obj).get("status"))
+        meta, spec, status = (_obj(_obj(obj).get(k)) for k in ("metadata", "spec", "status"))
         ns, name = _name(meta.get("namespace")), _name(meta.get("name"))
         allocation = status.get("allocation")
         if ns is None or name is None:
@@ -184,15 +191,41 @@ def parse_claims(objs: Iterable[Any], skip: Skip) -> dict[tuple[str, str], Claim
             uid = _name(ref.get("uid"))
             if ref.get("resource") == "pods" and not ref.get("apiGroup") and uid is not None:
                 pods.add(uid.lower())
-        out[(ns, name)] = ClaimInfo(ns, name, tuple(results), frozenset(pods))
+        configs = parse_configs(_obj(_obj(allocation).get("devices")).get("config"),
+                                _obj(spec.get("devices")).get("config"), skip)
+        out[(ns, name)] = ClaimInfo(ns, name, tuple(results), frozenset(pods), configs)
     return out
 
 
+def _extended(raw: Any, skip: Skip) -> tuple[str, dict[str, list[tuple[str, str]]]]:
+    """``status.extendedResourceClaimStatus`` (1.34+): the scheduler's claim, and per container its
+    (resource, request) pairs; ("", {}) when absent or malformed (counted)."""
+    if raw is None:
+        return "", {}
+    raw = _obj(raw)
+    name = _name(raw.get("resourceClaimName"))
+    if name is None:
+        skip("dra_pod_claims_malformed")
+        return "", {}
+    mappings: dict[str, list[tuple[str, str]]] = {}
+    # one mapping per container and extended resource, each a request of the claim: at most its 32 requests
+    for m in _list(raw.get("requestMappings"), MAX_RESULTS, skip, "dra_pod_claims_malformed"):
+        m = _obj(m)
+        container, resource, request = (_name(m.get(k)) for k in ("containerName", "resourceName", "requestName"))
+        if container is None or resource is None or request is None:
+            skip("dra_pod_claims_malformed")
+            continue
+        mappings.setdefault(container, []).append((resource, request))
+    return name, mappings
+
+
 def parse_pod_claims(obj: Any, skip: Skip) -> PodClaims | None:
-    """A Pod's claim references; None for a pod without identity or without any claim."""
+    """A Pod's claim references (its spec's and the scheduler's extended-resource claim); None for a pod
+    without identity or without any claim."""
     meta, spec, status = (_obj(_obj(obj).get(k)) for k in ("metadata", "spec", "status"))
     uid, ns = _name(meta.get("uid")), _name(meta.get("namespace"))
-    if uid is None or ns is None or not spec.get("resourceClaims"):
+    extended, mappings = _extended(status.get("extendedResourceClaimStatus"), skip)
+    if uid is None or ns is None or not (spec.get("resourceClaims") or mappings):
         return None
     generated = {}  # claims from a template are named in the status only
     for st in _list(status.get("resourceClaimStatuses"), MAX_POD_CLAIMS, skip, "dra_pod_claims_malformed"):
@@ -217,4 +250,8 @@ def parse_pod_claims(obj: Any, skip: Skip) -> PodClaims | None:
                       if _name(r.get("name")) is not None)
         if _name(c.get("name")) is not None and named:
             containers[c["name"]] = named
-    return PodClaims(uid.lower(), ns, claims, containers)
+    if mappings:
+        claims[EXTENDED] = extended
+        for container, pairs in mappings.items():
+            containers[container] = (*containers.get(container, ()), *((EXTENDED, req) for _, req in pairs))
+    return PodClaims(uid.lower(), ns, claims, containers, {c: tuple(r for r, _ in p) for c, p in mappings.items()})
