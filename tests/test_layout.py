@@ -33,7 +33,7 @@ MAY_IMPORT = {
     "node": {"model", "attribution"},
     "pipeline": {"model", "attribution", "exposition"},
     "xid": {"model", "node"},
-    "bundle": {"xid", "exposition"},
+    "bundle": {"model", "xid", "exposition"},
     "server": {"model", "exposition", "pipeline", "xid"},
     "top": {"exposition"},
     "shell": {"model", "attribution", "exposition", "node", "pipeline", "xid", "bundle", "server", "top"},

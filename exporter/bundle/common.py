@@ -13,14 +13,16 @@ import shlex
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from exporter.bundle.option_table import CONTROL_WHY, Option, has_control, options_dataclass
 from exporter.exposition.label_names import FIXED_LABELS as FIXED_LABELS  # public here too
 from exporter.exposition.label_names import check_label_names
+from exporter.model import one_line
 
 # Prometheus duration syntax (units in descending order, each at most once).
 # "\Z", not "$": "$" matches before a final newline, which would break a generated file's header.
@@ -55,23 +57,40 @@ def is_positive_duration(text: str) -> bool:
 # ------------------------------------------------------------------ options
 
 
-@dataclass(frozen=True)
+def _no_label(value: str | None, flag: str, error: Error) -> str | None:
+    return value or None  # an empty --cluster-label is none
+
+
+# The label names every generator takes, one entry each. Their check is the exporter's own check of its
+# label flags, across the entries (duplicates): :meth:`LabelOptions.validate_labels`. The cluster label's
+# help and docs row differ by generator: :func:`label_options`.
+LABEL_OPTIONS: tuple[Option, ...] = (
+    Option("pod_label", "pod_name", "pod label name (default %(default)s)", "--pod-label",
+           doc="must match the exporter's flag of the same name"),
+    Option("namespace_label", "namespace_name", "namespace label (default %(default)s)", "--namespace-label",
+           doc="must match the exporter's flag of the same name"),
+    Option("container_label", "container_name", "container label (default %(default)s)", "--container-label",
+           doc="must match the exporter's flag of the same name"),
+    Option("node_label", "node_name", "node label (default %(default)s)", "--node-label",
+           doc="if you relabel `node_name` at scrape time"),
+    Option("cluster_label", None, "label telling clusters apart (default: none)", "--cluster-label",
+           doc="a label that tells clusters apart", doc_default="none", convert=_no_label),
+)  # fmt: skip
+
+
+def label_options(cluster_help: str, cluster_doc: str) -> tuple[Option, ...]:
+    """:data:`LABEL_OPTIONS` with a generator's own ``--help`` and docs meaning of ``--cluster-label``."""
+    return (*LABEL_OPTIONS[:-1], replace(LABEL_OPTIONS[-1], help=cluster_help, doc=cluster_doc))
+
+
+@options_dataclass(LABEL_OPTIONS)
 class LabelOptions:
     """The label names every generator takes; they must match what the exporter was started with."""
-
-    pod_label: str = "pod_name"
-    namespace_label: str = "namespace_name"
-    container_label: str = "container_name"
-    node_label: str = "node_name"
-    cluster_label: str | None = None
 
     def validate_labels(self, error: Error) -> None:
         """Raise ``error`` naming the flag of a label name that is invalid, reserved, the exporter's own or
         repeated: the exporter's own check of its flags (:func:`check_label_names`)."""
-        named = [("--pod-label", self.pod_label), ("--namespace-label", self.namespace_label),
-                 ("--container-label", self.container_label), ("--node-label", self.node_label)]
-        if self.cluster_label is not None:
-            named.append(("--cluster-label", self.cluster_label))
+        named = [(o.flag, getattr(self, o.attr)) for o in LABEL_OPTIONS if getattr(self, o.attr) is not None]
         # --node-label names the exporter's node_name label (renamed if the scrape relabels it)
         check_label_names(named, error, renames={"--node-label": "node_name"})
 
@@ -101,44 +120,16 @@ def with_k8s_labels(expr: str, pairs: Sequence[tuple[str, str]]) -> str:
     return "label_replace(" * len(pairs) + "\n" + body + args
 
 
-LABEL_FLAGS: tuple[tuple[str, str], ...] = (
-    ("pod_label", "--pod-label"),
-    ("namespace_label", "--namespace-label"),
-    ("container_label", "--container-label"),
-    ("node_label", "--node-label"),
-    ("cluster_label", "--cluster-label"),
-)
-
-
-def changed_flags(opts: object, flags: Sequence[tuple[str, str]]) -> list[str]:
-    """``--flag=value`` for each (attribute, flag) whose value differs from the default options'.
-
-    A changed bool gives the bare flag; a tuple is comma-separated; a float is written ``%g``.
-    """
-    default = type(opts)()
-    out: list[str] = []
-    for attr, flag in flags:
-        value = getattr(opts, attr)
-        if value == getattr(default, attr):
-            continue
-        if isinstance(value, bool):
-            out.append(flag)
-            continue
-        if isinstance(value, tuple):
-            value = ",".join(map(str, value))
-        elif isinstance(value, float):
-            value = f"{value:g}"
-        out.append(f"{flag}={value}")
-    return out
-
-
 def parse_key_values(items: Sequence[str], flag: str, error: Error) -> dict[str, str]:
-    """``["k=v", ...]`` of a repeatable ``flag`` as a dict; ``error`` for an item without ``=`` or key."""
+    """``["k=v", ...]`` of a repeatable ``flag`` as a dict; ``error`` for an item without ``=`` or key, or
+    not one line (the header of a generated file repeats the items)."""
     out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise error(f"{flag}: {item!r} must look like key=value")
+        if has_control(item):
+            raise error(f"{flag}: {item!r} {CONTROL_WHY}")
         out[key] = value
     return out
 
@@ -202,27 +193,6 @@ def dump_yaml(doc: object) -> str:
 # ------------------------------------------------------------------ CLI
 
 
-def add_label_arguments(p: argparse.ArgumentParser, cluster_help: str) -> None:
-    """The ``--pod-label`` ... ``--cluster-label`` options, defaults from :class:`LabelOptions`."""
-    d = LabelOptions()
-    p.add_argument("--pod-label", default=d.pod_label, help="pod label name (default %(default)s)")
-    p.add_argument("--namespace-label", default=d.namespace_label, help="namespace label (default %(default)s)")
-    p.add_argument("--container-label", default=d.container_label, help="container label (default %(default)s)")
-    p.add_argument("--node-label", default=d.node_label, help="node label (default %(default)s)")
-    p.add_argument("--cluster-label", default=None, help=cluster_help)
-
-
-def label_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`LabelOptions` fields from parsed arguments (an empty cluster label is none)."""
-    return {
-        "pod_label": args.pod_label,
-        "namespace_label": args.namespace_label,
-        "container_label": args.container_label,
-        "node_label": args.node_label,
-        "cluster_label": args.cluster_label or None,
-    }
-
-
 def add_prometheusrule_arguments(p: argparse.ArgumentParser, name: str, label_help: str) -> None:
     """``--format plain|prometheusrule`` and the PrometheusRule's ``--name``, ``--namespace``, ``--label``."""
     p.add_argument("--format", choices=("plain", "prometheusrule"), default="plain")
@@ -233,7 +203,7 @@ def add_prometheusrule_arguments(p: argparse.ArgumentParser, name: str, label_he
 
 def fail(command: str, exc: Exception) -> int:
     """Report an options error the way every generator does; the exit status (2)."""
-    print(f"kube-gpu-exporter {command}: error: {exc}", file=sys.stderr)
+    print(one_line(f"kube-gpu-exporter {command}: error: {exc}"), file=sys.stderr)  # one line, whatever it echoes
     return 2
 
 

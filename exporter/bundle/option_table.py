@@ -4,7 +4,12 @@ Like a jsonnet mixin's ``_config`` (and the exporter's own ``Option`` table in e
 an entry is the options dataclass's field and default, the command-line flag (if any) with its
 ``--help``, how the flag's text becomes the value and how the value is checked, the row of the
 generator's docs table, and the alerts that show it. Every place reads the entry, so changing a
-threshold is one edit (tests/test_option_table.py).
+threshold is one edit (tests/test_option_table.py). The tables: the label flags every generator takes
+(``LABEL_OPTIONS``, exporter/bundle/common.py), ``RULE_OPTIONS`` (rules.py), ``ALERT_OPTIONS``
+(alerts/options.py) and ``DASHBOARD_OPTIONS`` (dashboards/options.py).
+
+A free-text entry (``free_text``) refuses control characters and line separators: the value is
+echoed in a generated file's one-line header (and its YAML), where a newline would end the comment.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from exporter.model import one_line
 
 Error = type[Exception]
 
@@ -33,8 +40,12 @@ class Option:
     convert: Callable[[Any, str, Error], Any] | None = None
     check: Callable[[Any], bool] | None = None  # whether a value is acceptable
     why: str = ""  # the refusal after "<flag>: <value!r> " when ``check`` says no
+    # The refusal of a value (after "<flag>: "), or None: for a message that must say more than ``why``.
+    refuse: Callable[[Any], str | None] | None = None
+    free_text: bool = False  # refuse control characters (in each item of a tuple or dict, keys too)
     store_false: bool = False  # a ``--no-...`` flag turning a default True off
-    repeat: bool = False  # a repeatable flag (argparse's append)
+    repeat: bool = False  # a repeatable flag (argparse's append); its items, then ``convert``
+    metavar: str | None = None  # a repeatable flag's item, in --help and in the docs row
     alerts: tuple[str, ...] = ()  # the alerts whose expression or text show the value
     factory: Callable[[], Any] | None = None  # a mutable default's constructor
 
@@ -73,7 +84,7 @@ def add_option_arguments(p: argparse.ArgumentParser, table: Sequence[Option]) ->
         if o.store_false:
             p.add_argument(o.flag, dest=o.attr, action="store_false", help=o.help)
         elif o.repeat:
-            p.add_argument(o.flag, dest=o.attr, action="append", default=[], metavar="KEY=VALUE", help=o.help)
+            p.add_argument(o.flag, dest=o.attr, action="append", default=[], metavar=o.metavar, help=o.help)
         else:
             default = ",".join(map(str, o.default)) if isinstance(o.default, tuple) else o.default
             p.add_argument(o.flag, dest=o.attr, default=default, type=o.argtype, help=o.help)
@@ -89,23 +100,65 @@ def option_values(args: argparse.Namespace, table: Sequence[Option], error: Erro
     return out
 
 
+def _texts(value: Any) -> list[str]:
+    """The strings of a free-text value: itself, a tuple's items, a dict's keys and values."""
+    if isinstance(value, dict):
+        return [str(x) for kv in value.items() for x in kv]
+    return [str(x) for x in value] if isinstance(value, tuple | list) else [str(value)]
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character or a line separator (it would not stay one line)."""
+    return one_line(text) != text
+
+
+CONTROL_WHY = "must be one line of text (no control characters)"
+
+
 def check_options(opts: object, table: Sequence[Option], error: Error) -> None:
-    """Raise ``error`` for the first entry whose check refuses the value, naming its flag (or field)."""
+    """Raise ``error`` for the first entry whose check refuses the value, naming its flag (or field).
+
+    The message is one line whatever the value holds (``repr``, :func:`~exporter.model.one_line`).
+    """
+    for o in table:
+        value, name = getattr(opts, o.attr), o.flag or o.attr
+        if o.free_text and value is not None and any(map(has_control, _texts(value))):
+            raise error(f"{name}: {value!r} {CONTROL_WHY}")
+        if o.check is not None and not o.check(value):
+            raise error(f"{name}: {value!r} {o.why}")
+        if o.refuse is not None and (why := o.refuse(value)):
+            raise error(one_line(f"{name}: {why}"))
+
+
+def option_args(opts: object, table: Sequence[Option]) -> list[str]:
+    """The flags that reproduce ``opts`` (entries at their default omitted), for a generated file's header.
+
+    ``--flag=value`` in table order (a changed switch: the bare flag; a tuple comma-separated; a float
+    ``%g``), then one ``--flag=item`` per item of each changed repeatable flag (``key=value`` for a dict).
+    """
+    default = type(opts)()
+    out: list[str] = []
+    repeated: list[str] = []
     for o in table:
         value = getattr(opts, o.attr)
-        if o.check is not None and not o.check(value):
-            raise error(f"{o.flag or o.attr}: {value!r} {o.why}")
-
-
-def option_flags(table: Sequence[Option]) -> tuple[tuple[str, str], ...]:
-    """(field, flag) of each entry with a flag, for :func:`~exporter.bundle.common.changed_flags`."""
-    return tuple((o.attr, o.flag) for o in table if o.flag is not None and not o.repeat)
+        if o.flag is None or value == getattr(default, o.attr):
+            continue
+        if o.repeat:
+            items = [f"{k}={v}" for k, v in value.items()] if isinstance(value, dict) else value
+            repeated += [f"{o.flag}={item}" for item in items]
+        elif isinstance(value, bool):
+            out.append(o.flag)
+        elif isinstance(value, tuple):
+            out.append(f"{o.flag}={','.join(map(str, value))}")
+        else:
+            out.append(f"{o.flag}={value:g}" if isinstance(value, float) else f"{o.flag}={value}")
+    return out + repeated
 
 
 def docs_row(o: Option) -> str:
     """The entry's row in its generator's options table (docs/alerts.md, ...)."""
     assert o.flag is not None, o.attr
-    flag = f"{o.flag} KEY=VALUE" if o.repeat else o.flag
+    flag = f"{o.flag} {o.metavar}" if o.metavar else o.flag
     meaning = o.doc if o.doc is not None else o.help.split(" (default")[0]
     return f"| `{flag}` | {o.shown_default} | {meaning} |"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import yaml
@@ -19,14 +19,15 @@ from exporter.bundle.common import FIXED_LABELS as FIXED_LABELS  # public here t
 from exporter.bundle.common import (
     K8S_LEVELS,
     K8S_NAME_RE,
-    LABEL_FLAGS,
+    Error,
     LabelOptions,
-    changed_flags,
     is_positive_duration,
+    label_options,
     metadata_args,
     object_metadata,
     with_k8s_labels,
 )
+from exporter.bundle.option_table import Option, check_options, option_args, options_dataclass
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates" / "rules"
 
@@ -56,42 +57,59 @@ class RuleOptionsError(ValueError):
     """Raised for option values that would render an invalid or misleading bundle."""
 
 
-@dataclass(frozen=True)
-class RuleOptions(LabelOptions):
-    """What to render. Label names must match what the exporter was started with."""
+def _parse_levels(text: str, flag: str, error: Error) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(lv.strip() for lv in text.split(",") if lv.strip()))
 
-    interval: str = "30s"
-    rate_window: str = "5m"  # rate() window of the busy-seconds and energy counters
-    levels: tuple[str, ...] = LEVELS
-    group_name: str = "k8s-gpu"
+
+def _refuse_levels(levels: tuple[str, ...]) -> str | None:
+    if not levels:
+        return "at least one level is required"
+    unknown = [lv for lv in levels if lv not in LEVELS]
+    return f"unknown level(s) {', '.join(unknown)}; choose from {', '.join(LEVELS)}" if unknown else None
+
+
+def _duration(example: str) -> dict[str, Any]:
+    return {"check": is_positive_duration, "why": f"is not a positive Prometheus duration (e.g. {example})"}
+
+
+# Order: the flags' in --help and in a rendering's header (reordering changes the committed files).
+RULE_OPTIONS: tuple[Option, ...] = (
+    Option("interval", "30s", "rule group evaluation interval (default %(default)s)", "--interval",
+           doc="the group's evaluation interval", **_duration("30s, 1m")),
+    Option("rate_window", "5m", "rate() window of the busy-seconds and energy series; at least 4 scrape intervals "
+           "(default %(default)s)", "--rate-window", doc="the `rate()` window of the busy-seconds and energy series "
+           "(`*_gpu_busy`, `*_gpu_power_watts`); make it at least 4 scrape intervals",
+           **_duration("5m")),
+    Option("levels", LEVELS, "comma-separated levels to emit (default %(default)s)", "--levels",
+           doc="which levels to emit; any subset renders a self-contained group with the same numbers (the helpers "
+           "a level needs come along; [below](#how-the-rules-are-evaluated))", convert=_parse_levels,
+           refuse=_refuse_levels),
+    Option("group_name", "k8s-gpu", "the rule group's name", check=K8S_NAME_RE.match,
+           why="must be a lowercase DNS-style name"),
+)  # fmt: skip
+# The whole `kube-gpu-exporter rules` table: the label flags, then the rules' own.
+RULE_TABLE: tuple[Option, ...] = (
+    *label_options("label telling clusters apart (e.g. cluster); every aggregation keeps it. Default: none",
+                   "a label that tells clusters apart (`cluster`, `k8s_cluster`, ...). Every aggregation keeps it "
+                   "and every cluster ratio divides by its own cluster's total (`on(cluster) group_left`). The "
+                   "label must be **on the scraped series** (target label, relabeling, federation, remote-write "
+                   "into Thanos/Mimir): Prometheus' `external_labels` are not visible to its own rule evaluation"),
+    *RULE_OPTIONS,
+)
+
+
+@options_dataclass(RULE_OPTIONS)
+class RuleOptions(LabelOptions):
+    """What to render (one field per :data:`RULE_OPTIONS` entry). Label names must match the exporter's."""
 
     def validate(self) -> None:
         """Raise :class:`RuleOptionsError` with a message naming the offending option."""
         self.validate_labels(RuleOptionsError)
-        if not is_positive_duration(self.interval):
-            raise RuleOptionsError(
-                f"--interval: {self.interval!r} is not a positive Prometheus duration (e.g. 30s, 1m)"
-            )
-        if not is_positive_duration(self.rate_window):
-            raise RuleOptionsError(
-                f"--rate-window: {self.rate_window!r} is not a positive Prometheus duration (e.g. 5m)"
-            )
-        if not self.levels:
-            raise RuleOptionsError("--levels: at least one level is required")
-        unknown = [lv for lv in self.levels if lv not in LEVELS]
-        if unknown:
-            raise RuleOptionsError(
-                f"--levels: unknown level(s) {', '.join(unknown)}; choose from {', '.join(LEVELS)}"
-            )
-        if not K8S_NAME_RE.match(self.group_name):
-            raise RuleOptionsError(f"group name {self.group_name!r} must be a lowercase DNS-style name")
+        check_options(self, RULE_OPTIONS, RuleOptionsError)
 
     def to_args(self) -> list[str]:
         """The ``kube-gpu-exporter rules`` flags that reproduce these options (defaults omitted)."""
-        out = changed_flags(self, (*LABEL_FLAGS, ("interval", "--interval"), ("rate_window", "--rate-window")))
-        if tuple(self.levels) != LEVELS:
-            out.append(f"--levels={','.join(self.levels)}")
-        return out
+        return option_args(self, RULE_TABLE)
 
 
 def _by(labels: Sequence[str]) -> str:

@@ -9,16 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from exporter.bundle.common import (
-    add_label_arguments,
-    add_prometheusrule_arguments,
-    fail,
-    label_arguments,
-    rule_file_main,
-    write_output,
-)
+from exporter.bundle.common import add_prometheusrule_arguments, fail, rule_file_main, write_output
 from exporter.bundle.federation import render_federation_job, render_global_prometheusrule, render_global_rules
-from exporter.bundle.rules import LEVELS, RuleOptions, RuleOptionsError, render_prometheusrule, render_rules
+from exporter.bundle.option_table import add_option_arguments, option_values
+from exporter.bundle.rules import RULE_TABLE, RuleOptions, RuleOptionsError, render_prometheusrule, render_rules
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,23 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kube-gpu-exporter rules",
         description="Render the GPU recording-rule bundle (container/pod/node/workload/namespace/cluster).",
     )
-    d = RuleOptions()
-    add_label_arguments(
-        p, "label telling clusters apart (e.g. cluster); every aggregation keeps it. Default: none"
-    )
-    p.add_argument(
-        "--interval", default=d.interval, help="rule group evaluation interval (default %(default)s)"
-    )
-    p.add_argument(
-        "--rate-window",
-        default=d.rate_window,
-        help="rate() window of the busy-seconds and energy series; at least 4 scrape intervals (default %(default)s)",
-    )
-    p.add_argument(
-        "--levels",
-        default=",".join(LEVELS),
-        help="comma-separated levels to emit (default %(default)s)",
-    )
+    add_option_arguments(p, RULE_TABLE)  # the label flags, then --interval, --rate-window, --levels
     add_prometheusrule_arguments(
         p, "kube-gpu-exporter", "PrometheusRule metadata label, repeatable (e.g. release=kube-prometheus-stack)"
     )
@@ -65,8 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> RuleOptions:
     """Translate parsed CLI arguments into :class:`RuleOptions` (not yet validated)."""
-    levels = tuple(dict.fromkeys(lv.strip() for lv in args.levels.split(",") if lv.strip()))
-    return RuleOptions(**label_arguments(args), interval=args.interval, rate_window=args.rate_window, levels=levels)
+    return RuleOptions(**option_values(args, RULE_TABLE, RuleOptionsError))
 
 
 def _federation_main(args: argparse.Namespace) -> int:

@@ -12,13 +12,11 @@ from collections.abc import Mapping, Sequence
 
 from exporter.bundle.alerts import exporter_health, gpu_hardware, gpu_health, recording_rules, usage
 from exporter.bundle.alerts.alert import Alert, Labels
-from exporter.bundle.alerts.options import ALERT_OPTIONS, AlertOptions, AlertOptionsError
+from exporter.bundle.alerts.options import ALERT_TABLE, AlertOptions, AlertOptionsError
 from exporter.bundle.common import (
-    add_label_arguments,
     add_prometheusrule_arguments,
     command_line,
     dump_yaml,
-    label_arguments,
     metadata_args,
     object_metadata,
     prometheus_rule,
@@ -91,13 +89,12 @@ def render_prometheusrule(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``kube-gpu-exporter alerts`` argument parser: the label flags, then :data:`ALERT_OPTIONS`'."""
+    """The ``kube-gpu-exporter alerts`` argument parser: the label flags, then :data:`ALERT_TABLE`'s entries."""
     p = argparse.ArgumentParser(
         prog="kube-gpu-exporter alerts",
         description="Render the GPU alerting rules (runbook: docs/alerts.md).",
     )
-    add_label_arguments(p, "label telling clusters apart (default: none)")
-    add_option_arguments(p, ALERT_OPTIONS)
+    add_option_arguments(p, ALERT_TABLE)
     add_prometheusrule_arguments(p, "kube-gpu-exporter-alerts", "PrometheusRule metadata label, repeatable")
     p.add_argument("-o", "--output", default="-", help="output file (default stdout)")
     return p
@@ -105,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> AlertOptions:
     """Translate parsed CLI arguments into :class:`AlertOptions` (not yet validated)."""
-    return AlertOptions(**label_arguments(args), **option_values(args, ALERT_OPTIONS, AlertOptionsError))
+    return AlertOptions(**option_values(args, ALERT_TABLE, AlertOptionsError))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,13 @@ from typing import Any
 
 from exporter.bundle.common import (
     K8S_NAME_RE,
-    LABEL_FLAGS,
     Error,
     LabelOptions,
-    changed_flags,
     is_positive_duration,
+    label_options,
     parse_key_values,
 )
-from exporter.bundle.option_table import Option, check_options, option_flags, options_dataclass
+from exporter.bundle.option_table import Option, check_options, option_args, options_dataclass
 from exporter.bundle.rules import RuleOptionsError
 from exporter.exposition.label_names import label_name_error
 from exporter.xid.parse import CATALOG as XID_CATALOG
@@ -78,11 +77,12 @@ ALERT_OPTIONS: tuple[Option, ...] = (
            "(default %(default)s)", "--exporter-selector", doc="label matchers selecting the exporter's `up` "
            "series (KubeGpuExporterDown, KubeGpuExporterTargetMissing)",
            check=lambda v: all(_SELECTOR_RE.match(m) for m in _split_matchers(v)),
-           why='must be label matchers like job="x"', alerts=("KubeGpuExporterDown", "KubeGpuExporterTargetMissing")),
+           why='must be label matchers like job="x"', free_text=True,
+           alerts=("KubeGpuExporterDown", "KubeGpuExporterTargetMissing")),
     Option("runbook_url", DEFAULT_RUNBOOK_URL, "URL of docs/alerts.md (default %(default)s)", "--runbook-url",
            doc="base of every `runbook_url`; `#<alertname in lower case>` is appended",
            doc_default="this file on GitHub", check=lambda v: v.startswith(("http://", "https://")),
-           why="must be an http(s) URL"),
+           why="must be an http(s) URL", free_text=True),
     Option("group_name", "kube-gpu-exporter-alerts", "the rule group's name", check=K8S_NAME_RE.match,
            why="must be a lowercase DNS-style name"),
     Option("xid_window", "10m", "Xid alert window (default %(default)s)", "--xid-window", doc="how far back the "
@@ -138,8 +138,15 @@ ALERT_OPTIONS: tuple[Option, ...] = (
            store_false=True, alerts=("KubeGpuRecordingRulesMissing",)),
     Option("extra_labels", None, "extra label on every alert, repeatable (e.g. team=ml-platform)", "--alert-label",
            doc="an extra label on every alert (repeatable), e.g. `team=ml-platform` for routing", doc_default="none",
-           convert=_labels, repeat=True, factory=dict),
+           convert=_labels, repeat=True, metavar="KEY=VALUE", free_text=True, factory=dict),
 )  # fmt: skip
+# The whole `kube-gpu-exporter alerts` table: the label flags, then the alerts' own.
+ALERT_TABLE: tuple[Option, ...] = (
+    *label_options("label telling clusters apart (default: none)", "a label that tells clusters apart; every "
+                   "aggregation keeps it. It must be on the scraped series (target label, relabeling), as for the "
+                   "recording rules"),
+    *ALERT_OPTIONS,
+)
 
 
 @options_dataclass(ALERT_OPTIONS)
@@ -162,6 +169,4 @@ class AlertOptions(LabelOptions):
 
     def to_args(self) -> list[str]:
         """The ``kube-gpu-exporter alerts`` flags that reproduce these options (defaults omitted)."""
-        out = changed_flags(self, (*LABEL_FLAGS, *option_flags(ALERT_OPTIONS)))
-        out += [f"--alert-label={k}={v}" for k, v in self.extra_labels.items()]
-        return out
+        return option_args(self, ALERT_TABLE)

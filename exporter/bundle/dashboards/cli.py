@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from exporter.bundle.common import add_label_arguments, fail, label_arguments, parse_key_values, write_output
-from exporter.bundle.dashboards.options import DashboardOptions, DashboardOptionsError
+from exporter.bundle.common import fail, parse_key_values, write_output
+from exporter.bundle.dashboards.options import DASHBOARD_TABLE, DashboardOptions, DashboardOptionsError
 from exporter.bundle.dashboards.render import DASHBOARDS, dashboard_uid, render_configmaps, render_dashboards
+from exporter.bundle.option_table import add_option_arguments, option_values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,19 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render the Grafana dashboards (docs/dashboards.md): one JSON file per dashboard, "
         "or Grafana-sidecar ConfigMaps.",
     )
-    d = DashboardOptions()
-    add_label_arguments(p, "label telling clusters apart: adds a cluster variable (default: none)")
-    p.add_argument("--uid-prefix", default=d.uid_prefix, help="dashboard uid prefix (default %(default)s)")
-    p.add_argument("--title-prefix", default=d.title_prefix, help="dashboard title prefix (default %(default)r)")
-    p.add_argument(
-        "--tag",
-        action="append",
-        default=None,
-        metavar="TAG",
-        help="dashboard tag, repeatable (default: kube-gpu-exporter, gpu); the first links the dashboards",
-    )
-    p.add_argument("--refresh", default=d.refresh, help="auto-refresh interval (default %(default)s)")
-    p.add_argument("--time-from", default=d.time_from, help="default time range start (default %(default)s)")
+    add_option_arguments(p, DASHBOARD_TABLE)  # the label flags, then --uid-prefix ... --time-from
     p.add_argument("--format", choices=("json", "configmap"), default="json")
     p.add_argument("--only", choices=DASHBOARDS, default=None, help="json: render this dashboard only")
     p.add_argument("--namespace", default=None, help="configmap: metadata.namespace")
@@ -52,14 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args: argparse.Namespace) -> DashboardOptions:
     """Translate parsed CLI arguments into :class:`DashboardOptions` (not yet validated)."""
-    return DashboardOptions(
-        **label_arguments(args),
-        uid_prefix=args.uid_prefix,
-        title_prefix=args.title_prefix,
-        tags=tuple(args.tag) if args.tag else DashboardOptions().tags,
-        refresh=args.refresh,
-        time_from=args.time_from,
-    )
+    return DashboardOptions(**option_values(args, DASHBOARD_TABLE, DashboardOptionsError))
 
 
 def main(argv: list[str] | None = None) -> int:
