@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs (apt packages included) and run the whole suite.
-# Usage: scripts/test.sh [pytest args]
+# Usage: scripts/test.sh [--fast] [pytest args]
+#   --fast: the same installs and ruff, then only the tests not marked e2e (no server, process or
+#           Prometheus; tests/e2e_guard.py fails a test that starts one unmarked). docs/testing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+lane=()
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  lane=(-m "not e2e")
+fi
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -40,4 +47,4 @@ PY=${PYTHON:-python3}
   -r requirements.lock -r requirements-build.lock
 .venv/bin/python -m pip install -q --no-build-isolation -e '.[test]'
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider ${lane[@]+"${lane[@]}"} "$@"

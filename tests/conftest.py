@@ -1,16 +1,21 @@
-"""Session setup shared by every test module: hypothesis profiles (see docs/testing.md, "Hypothesis").
+"""Session setup shared by every test module: hypothesis profiles, the fast lane's e2e guard.
 
 ``ci`` is derandomized: the same examples every run, so a red CI run is red again on a laptop.
 ``explore`` (the default outside CI) draws new examples each run and keeps failures in .hypothesis/.
 ``HYPOTHESIS_PROFILE=<name>`` picks one explicitly; otherwise ``CI`` set (as .ci/run does) means ``ci``.
+A run that leaves the e2e tests out (``-m "not e2e"``) installs tests/e2e_guard.py. See docs/testing.md.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 
+import pytest
 from hypothesis import settings
+
+from tests import e2e_guard
 
 # deadline=None in both: 2 shared cores make a 200 ms deadline a flake, not a finding.
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
@@ -29,3 +34,22 @@ def profile_name(environ: Mapping[str, str]) -> str:
 # Loaded at import, before any test module: a module's @settings(...) takes the loaded profile as its
 # parent when it is decorated, overriding only the keys it names.
 settings.load_profile(profile_name(os.environ))
+
+
+def excludes_e2e(markexpr: str) -> bool:
+    """Whether ``-m`` leaves the e2e tests out (the fast lane: ``-m "not e2e"``, alone or with more)."""
+    return re.search(r"\bnot\s+e2e\b", markexpr or "") is not None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if excludes_e2e(config.option.markexpr):
+        e2e_guard.install()  # a test the lane still runs must start nothing: its missing mark shows here
+
+
+@pytest.fixture(autouse=True)
+def _no_unmarked_e2e() -> Iterator[None]:
+    """Fail a test that started a process or server in the fast lane, even if its code swallowed the error."""
+    yield
+    violations = e2e_guard.take_violations()
+    if violations:
+        pytest.fail("\n".join(dict.fromkeys(violations)), pytrace=False)

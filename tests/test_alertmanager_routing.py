@@ -46,6 +46,8 @@ from tests.prom_support import (
     stop,
 )
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 NODE = "routing-node"
 # The exporter's own pod, as a ServiceMonitor's target labels name it.
 EXPORTER_POD = {"namespace": "monitoring", "pod": "kube-gpu-exporter-x7k2p", "container": "exporter",

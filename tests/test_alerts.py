@@ -158,6 +158,7 @@ def test_alerts_read_only_exporter_families_andrecorded_series() -> None:
         assert not unknown, f"{a['alert']} reads {unknown}"
 
 
+@pytest.mark.e2e
 def test_promtool_check_rules_clean(tmp_path: Path) -> None:
     custom = tmp_path / "custom.alerts.yaml"
     custom.write_text(render_alerts(_custom_options()))
@@ -170,6 +171,7 @@ def test_promtool_check_rules_clean(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ promtool unit tests
 
 
+@pytest.mark.e2e
 def test_promtool_unit_tests_pass() -> None:
     files = [str(p.relative_to(ROOT)) for p in TEST_FILES]
     assert len(files) >= 2
@@ -178,6 +180,7 @@ def test_promtool_unit_tests_pass() -> None:
     assert res.stdout.count("SUCCESS") == len(files)
 
 
+@pytest.mark.e2e
 def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     """A wrong expectation, or a missing rule file, must make promtool fail."""
     src = (TESTS / "default.test.yaml").read_text().replace(
@@ -282,6 +285,7 @@ def _relabel_spec(spec: dict[str, Any], rule_files: list[str]) -> dict[str, Any]
     return spec
 
 
+@pytest.mark.e2e
 def test_unit_tests_pass_with_other_label_names_and_a_cluster_label(tmp_path: Path) -> None:
     """Renaming every label and adding a cluster label keeps every unit test's outcome."""
     alerts_text = render_alerts(_custom_options())
@@ -398,6 +402,7 @@ def test_cli_subcommand_writes_to_stdout(capsys: pytest.CaptureFixture[str]) -> 
 # ------------------------------------------------------------------ Alertmanager example
 
 
+@pytest.mark.e2e
 def test_alertmanager_example_passes_amtool() -> None:
     assert Path(AMTOOL).exists(), "amtool missing: apt-get install prometheus-alertmanager"
     res = subprocess.run([AMTOOL, "check-config", "alerts/alertmanager.example.yaml"], cwd=ROOT,
@@ -487,6 +492,7 @@ def _am_alerts(base: str) -> list[dict[str, Any]]:
     return json.loads(http_get(f"{base}/api/v2/alerts"))
 
 
+@pytest.mark.e2e
 def test_alerts_reach_alertmanager_end_to_end(tmp_path: Path) -> None:
     assert Path(PROMETHEUS).exists(), "Prometheus server missing: apt-get install prometheus"
     kmsg = tmp_path / "kmsg"

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from exporter.bundle.alerts import gpu_hardware
@@ -79,6 +80,7 @@ def test_expected_alerts_follow_the_scenario() -> None:
     assert not {a for a, _, _ in got} & {"KubeGpuPcieReplaysHigh", "KubeGpuNvlinkErrors", "KubeGpuRetiredPagesLimit"}
 
 
+@pytest.mark.e2e
 def test_hardware_alerts_fire_on_the_exporters_series(tmp_path: Path) -> None:
     assert Path(PROMETHEUS).exists(), "Prometheus server missing: apt-get install prometheus"
     doc = yaml.safe_load(SCENARIO.read_text())

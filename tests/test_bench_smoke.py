@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # every test here starts python
+
 ROOT = Path(__file__).resolve().parents[1]
 PER_EXPORTER = {"cycle_seconds", "cpu_seconds_per_cycle", "scrape_seconds", "body_bytes", "series", "rss_bytes",
                 "peak_rss_bytes"}

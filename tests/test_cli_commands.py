@@ -63,6 +63,7 @@ def test_a_subcommand_after_flags_is_refused_in_one_line(capsys: pytest.CaptureF
     assert err.startswith("kube-gpu-exporter: error: the subcommand 'rules' must come first") and err.count("\n") == 1
 
 
+@pytest.mark.e2e
 def test_dashboards_without_output_prints_usage_and_writes_nothing(tmp_path: Path) -> None:
     proc = exporter_cli("dashboards", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
@@ -95,6 +96,7 @@ chmod +x "$(dirname "$0")/kube-gpu-exporter"
 """
 
 
+@pytest.mark.e2e
 def test_run_simulated_reinstalls_only_when_the_project_changed(tmp_path: Path) -> None:
     (tmp_path / "scripts" / "lib").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "run-simulated.sh", tmp_path / "scripts")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.shell.cli import build_daemon
@@ -20,6 +21,7 @@ def xid_rows(body: bytes) -> list[tuple[dict[str, str], float]]:
             for s in fam.samples if s.name == "nvidia_gpu_xid_errors_total"]
 
 
+@pytest.mark.e2e
 def test_simulated_node_kmsg_file_to_counter_and_event(tmp_path: Path):
     kmsg = tmp_path / "kmsg"
     # GPU 0 of the mixed node is at 00000000:07:00.0; pid 1001 is the trainer's process on it.

@@ -450,11 +450,13 @@ def _check_on_prometheus(tmp_path: Path, exporters: list[Target], opts: Dashboar
         stop(proc)
 
 
+@pytest.mark.e2e
 def test_every_panel_query_returns_data(exporters: list[Target], tmp_path: Path) -> None:
     """The committed (default) dashboards on the default recording rules."""
     _check_on_prometheus(tmp_path, exporters, DashboardOptions(), RuleOptions(interval="1s"), cluster=False)
 
 
+@pytest.mark.e2e
 def test_every_panel_query_returns_data_with_a_cluster_label(exporters: list[Target], tmp_path: Path) -> None:
     _check_on_prometheus(tmp_path, exporters, DashboardOptions(cluster_label="cluster"),
                          RuleOptions(cluster_label="cluster", interval="1s"), cluster=True)  # fmt: skip

@@ -42,6 +42,8 @@ from tests.dashboards_usage_truth import usage_expected
 from tests.prom_support import PROMETHEUS, ROOT, http_get, poll, query, run_prometheus, start_exporter, stop
 from tests.test_dashboards import KMSG, _label_values, _regex_escape, _substitute, with_stray_process
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 EXAMPLES = ROOT / "examples"
 CLUSTER = DashboardOptions(cluster_label="cluster")
 # scenario (= cluster) -> file; the workloads the workload dashboard is checked on, (namespace, name)

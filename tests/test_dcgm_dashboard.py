@@ -94,6 +94,7 @@ def alert_rules() -> list[tuple[str, str, str]]:
             for g in yaml.safe_load((DATA / name).read_text())["groups"] for r in g["rules"] if "alert" in r]
 
 
+@pytest.mark.e2e
 def test_stored_inputs_are_the_published_files() -> None:
     for name, blob in BLOBS.items():
         got = subprocess.run(["git", "hash-object", str(DATA / name)], capture_output=True, text=True, check=True)

@@ -9,6 +9,7 @@ import pytest
 from exporter.shell.cli import main
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("content", [
     None,  # missing file
     "garbage: [\n",  # not YAML
@@ -33,6 +34,7 @@ def test_unusable_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert "--no-pod-watch" in err
 
 
+@pytest.mark.e2e
 def test_no_cluster_and_no_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from exporter.exposition.device_fields import DEVICE_FIELDS
 from tests.fake_nvml import build_fake_nvml, subprocess_env, write_config
+
+pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "examples" / "mig-a100-node.yaml"

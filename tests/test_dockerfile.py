@@ -127,12 +127,14 @@ def hadolint(path: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_hadolint_reports_nothing_at_any_level(tmp_path):
     proc = hadolint(DOCKERFILE, tmp_path)
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.e2e
 def test_hadolint_is_live(tmp_path):
     # the check above is only worth something if hadolint flags what it should
     bad = tmp_path / "Dockerfile"
@@ -209,6 +211,7 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.e2e
 def test_documented_run_time_health_command_works(tmp_path):
     """The `docker run --health-cmd` the Dockerfile suggests passes against a running exporter."""
     m = re.search(r"--health-cmd '([^']+)'", DOCKERFILE.read_text())
@@ -429,6 +432,7 @@ def tracked_files() -> list[str]:
     return [p for p in out.stdout.split("\0") if p]
 
 
+@pytest.mark.e2e
 def test_dockerignore_sends_only_what_the_build_copies():
     context = [p for p in tracked_files() if not excluded(p)]
     needed = {"pyproject.toml", "README.md", "LICENSE", "requirements.lock", "requirements-build.lock"}
@@ -449,6 +453,7 @@ def test_dockerignore_excludes(path):
     assert excluded(path)
 
 
+@pytest.mark.e2e
 def test_dockerignore_keeps_the_package_and_its_data():
     for path in ("pyproject.toml", "README.md", "LICENSE", "requirements.lock", "requirements-build.lock",
                  "exporter/shell/cli.py", "exporter/_version.py", "exporter/bundle/templates/rules/rules.yaml.j2"):

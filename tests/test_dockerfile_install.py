@@ -40,6 +40,8 @@ from tests.release_support import (
 )
 from tests.test_dockerfile import build_stage, dockerfile, excluded, final_stage
 
+pytestmark = pytest.mark.e2e  # every test here starts sh
+
 IMAGE_PATHS = re.compile(r"(?<![\w./-])/(src|opt|wheels)(?=/|\s|$)")
 SCENARIO = ROOT / "examples" / "seed-cgpu-t4.yaml"
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
+
 from tests.integration_support import EXAMPLES, exporter_node, load_scenario_dict
+
+pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
 
 READY_S = 60.0  # a Python process importing the kubernetes client on a loaded 2-core box
 SETTLE_S = 40.0

@@ -11,8 +11,12 @@ import math
 import time
 from pathlib import Path
 
+import pytest
+
 from exporter.bundle.rules import RuleOptions, render_rules
 from tests.prom_support import PROMETHEUS, ROOT, query, run_prometheus, start_exporter, stop
+
+pytestmark = pytest.mark.e2e  # every test here starts a server
 
 NODE = "dra-node-1"
 

@@ -14,6 +14,7 @@ NODE = "gpu-node-1"
 UID = "d7a00000-0000-4000-8000-000000000001"
 
 
+@pytest.mark.e2e
 def test_double_serves_slices_and_claims_as_the_api_does():
     with ApiServerDouble() as api:
         api.set_resource_slices([resource_slice(NODE, [gpu_device(0, "GPU-a")]),
@@ -32,6 +33,7 @@ def test_double_serves_slices_and_claims_as_the_api_does():
         assert bad.value.status == 400
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("versions", [("v1",), ("v1beta2",)], ids=["1.34+", "1.33"])
 def test_watcher_follows_slices_and_reads_the_claims_pods_name(versions):
     with ApiServerDouble() as api:

@@ -49,6 +49,7 @@ def raw_call(fake: FakeNvml, name: str, *args: Any) -> int:
     return int(getattr(fake.lib, name)(*args))
 
 
+@pytest.mark.e2e
 def test_calls_before_init_are_uninitialized(loaded: tuple[FakeNvml, Path]) -> None:
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         pynvml.nvmlDeviceGetCount()
@@ -56,6 +57,7 @@ def test_calls_before_init_are_uninitialized(loaded: tuple[FakeNvml, Path]) -> N
         pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_error_strings_are_nvmls(loaded: tuple[FakeNvml, Path]) -> None:
     for code, text in pynvml.NVMLError._errcode_to_string.items():
         if code in (pynvml.NVML_ERROR_IN_USE, pynvml.NVML_ERROR_NO_DATA):
@@ -64,6 +66,7 @@ def test_error_strings_are_nvmls(loaded: tuple[FakeNvml, Path]) -> None:
     assert pynvml.nvmlErrorString(123456) == "Unknown Error"
 
 
+@pytest.mark.e2e
 def test_init_is_reference_counted_and_reinit_rereads_the_config(loaded: tuple[FakeNvml, Path]) -> None:
     fake, config = loaded
     pynvml.nvmlInit()
@@ -78,6 +81,7 @@ def test_init_is_reference_counted_and_reinit_rereads_the_config(loaded: tuple[F
     assert fake.calls("nvmlInitWithFlags") == 3
 
 
+@pytest.mark.e2e
 def test_process_list_size_probe_protocol(loaded: tuple[FakeNvml, Path]) -> None:
     fake, config = loaded
     config.write_text(config_text({"devices": [dict(GPU, processes=[
@@ -105,6 +109,7 @@ def test_process_list_size_probe_protocol(loaded: tuple[FakeNvml, Path]) -> None
     pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_util_not_found_when_nothing_is_newer(loaded: tuple[FakeNvml, Path]) -> None:
     fake, _ = loaded
     pynvml.nvmlInit()
@@ -124,6 +129,7 @@ def test_util_not_found_when_nothing_is_newer(loaded: tuple[FakeNvml, Path]) -> 
     pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_xid_events_are_delivered_once_at_their_tick(lib: Path, tmp_path: Path) -> None:
     doc = {"nvml": {"clock": "manual"},
            "devices": [dict(GPU, xid_events=[{"tick": 2, "xid": 79}, {"tick": 2, "xid": 48}])]}
@@ -146,6 +152,7 @@ def test_xid_events_are_delivered_once_at_their_tick(lib: Path, tmp_path: Path) 
         pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_a_child_process_loads_the_fake_by_soname(lib: Path, tmp_path: Path) -> None:
     config = write_config({"nvml": {"driver_version": "535.104.05"}, "devices": [GPU]}, tmp_path / "c.cfg")
     child = textwrap.dedent("""
@@ -177,6 +184,7 @@ def test_converter_rejects_what_the_fake_cannot_mean() -> None:
                                      "devices": []})
 
 
+@pytest.mark.e2e
 def test_cli_converts_a_scenario_file(tmp_path: Path) -> None:
     (tmp_path / "s.yaml").write_text("devices:\n  - {uuid: GPU-9, name: Nine, lost_after_ticks: 4}\n")
     subprocess.run([sys.executable, "-m", "tests.fake_nvml", "convert", str(tmp_path / "s.yaml"),
@@ -193,6 +201,7 @@ def test_build_without_a_compiler_says_what_to_install(tmp_path: Path,
         build_fake_nvml(tmp_path)
 
 
+@pytest.mark.e2e
 def test_wallclock_timestamps_are_cpu_time_and_each_sample_is_returned_once(loaded: tuple[FakeNvml, Path]) -> None:
     # nvitop asks for samples newer than "one second ago" in epoch microseconds, as the driver stamps them
     fake, config = loaded
@@ -214,6 +223,7 @@ def test_wallclock_timestamps_are_cpu_time_and_each_sample_is_returned_once(load
     pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("every_tick", [False, True])
 def test_process_growth_rearms_each_tick_only_when_asked(loaded: tuple[FakeNvml, Path], every_tick: bool) -> None:
     fake, config = loaded
@@ -235,6 +245,7 @@ def test_process_growth_rearms_each_tick_only_when_asked(loaded: tuple[FakeNvml,
     pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_cuda_driver_version_default_and_configured(loaded: tuple[FakeNvml, Path]) -> None:
     _, config = loaded
     pynvml.nvmlInit()
@@ -246,6 +257,7 @@ def test_cuda_driver_version_default_and_configured(loaded: tuple[FakeNvml, Path
     pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_calls_without_scenario_values_are_not_supported(loaded: tuple[FakeNvml, Path]) -> None:
     fake, _ = loaded
     pynvml.nvmlInit()
@@ -268,6 +280,7 @@ def test_calls_without_scenario_values_are_not_supported(loaded: tuple[FakeNvml,
     assert fake.calls("nvmlDeviceGetFanSpeed") == 2
 
 
+@pytest.mark.e2e
 def test_idle_after_ticks_stops_the_samples_but_keeps_the_processes(loaded: tuple[FakeNvml, Path]) -> None:
     fake, config = loaded
     config.write_text(config_text({"nvml": {"clock": "manual", "idle_after_ticks": 2}, "devices": [GPU]}))
@@ -282,6 +295,7 @@ def test_idle_after_ticks_stops_the_samples_but_keeps_the_processes(loaded: tupl
     pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_mig_mode_and_memory_v2_as_nvitop_reads_them(loaded: tuple[FakeNvml, Path]) -> None:
     fake, config = loaded
     config.write_text(config_text({"devices": [GPU, dict(GPU, uuid="GPU-2", memory_used_bytes=None)]}))
@@ -301,6 +315,7 @@ def test_mig_mode_and_memory_v2_as_nvitop_reads_them(loaded: tuple[FakeNvml, Pat
     pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_old_driver_build_lacks_memory_info_v2(tmp_path: Path) -> None:
     old = build_fake_nvml(tmp_path / "old", old_driver=True)
     with fake_nvml_loaded(old, write_config({"devices": [GPU]}, tmp_path / "o.cfg")):
@@ -344,6 +359,7 @@ def address(handle: Any) -> int | None:
     return ctypes.cast(handle, ctypes.c_void_p).value
 
 
+@pytest.mark.e2e
 def test_mig_devices_are_enumerated_by_slot_with_slot_0_empty(mig: tuple[FakeNvml, Any, Any, list[Any]]) -> None:
     _, card, other, (a, b) = mig
     assert pynvml.nvmlDeviceGetCount() == 2  # physical GPUs only
@@ -368,6 +384,7 @@ def test_mig_devices_are_enumerated_by_slot_with_slot_0_empty(mig: tuple[FakeNvm
     assert [pynvml.nvmlDeviceIsMigDeviceHandle(h).value for h in (card, other, a)] == [0, 0, 1]
 
 
+@pytest.mark.e2e
 def test_mig_handles_answer_identity_memory_processes_and_instance_ids(
         mig: tuple[FakeNvml, Any, Any, list[Any]]) -> None:
     _, card, _, (a, b) = mig
@@ -388,6 +405,7 @@ def test_mig_handles_answer_identity_memory_processes_and_instance_ids(
     assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(a) == []
 
 
+@pytest.mark.e2e
 def test_calls_nvml_refuses_in_mig_mode_return_its_codes(mig: tuple[FakeNvml, Any, Any, list[Any]]) -> None:
     fake, card, other, (a, _) = mig
     fake.advance(1)
@@ -413,6 +431,7 @@ def test_calls_nvml_refuses_in_mig_mode_return_its_codes(mig: tuple[FakeNvml, An
     assert [s.pid for s in pynvml.nvmlDeviceGetProcessUtilization(other, 0)] == [7]  # MIG mode off
 
 
+@pytest.mark.e2e
 def test_a_board_without_mig_says_not_supported(lib: Path, tmp_path: Path) -> None:
     doc = {"devices": [dict(GPU, not_supported=["mig"])]}
     with fake_nvml_loaded(lib, write_config(doc, tmp_path / "t4.cfg")):
@@ -426,6 +445,7 @@ def test_a_board_without_mig_says_not_supported(lib: Path, tmp_path: Path) -> No
         pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_a_lost_card_takes_its_mig_handles_with_it(lib: Path, tmp_path: Path) -> None:
     doc = {"nvml": {"clock": "manual"}, "devices": [dict(MIG_CARD, lost_after_ticks=1), GPU]}
     with fake_nvml_loaded(lib, write_config(doc, tmp_path / "lost.cfg")) as fake:
@@ -447,6 +467,7 @@ def test_a_lost_card_takes_its_mig_handles_with_it(lib: Path, tmp_path: Path) ->
         pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_auto_clock_moves_a_mig_card_once_per_round_of_its_mig_devices(lib: Path, tmp_path: Path) -> None:
     with fake_nvml_loaded(lib, write_config({"devices": [MIG_CARD]}, tmp_path / "auto.cfg")) as fake:
         pynvml.nvmlInit()
@@ -460,6 +481,7 @@ def test_auto_clock_moves_a_mig_card_once_per_round_of_its_mig_devices(lib: Path
         pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_events_not_supported_on_one_device(lib: Path, tmp_path: Path) -> None:
     doc = {"devices": [GPU, dict(GPU, uuid="GPU-2", not_supported=["events"])]}
     with fake_nvml_loaded(lib, write_config(doc, tmp_path / "ev.cfg")) as fake:
@@ -491,6 +513,7 @@ def test_converter_rejects_broken_mig_devices(change: Any, message: str) -> None
         config_text({"devices": [card]})
 
 
+@pytest.mark.e2e
 def test_library_rejects_card_values_on_a_mig_device(lib: Path, tmp_path: Path) -> None:
     # the converter never writes these; a hand-written config that does is refused at init
     text = config_text({"devices": [MIG_CARD]}) + "power_usage_milliwatts 5\n"

@@ -62,6 +62,7 @@ def raw(fake: FakeNvml, name: str, *args: Any) -> int:
     return int(getattr(fake.lib, name)(*args))
 
 
+@pytest.mark.e2e
 def test_every_call_reads_the_configured_values(lib: Path) -> None:
     with initialised(lib, {"devices": [FULL]}) as fake:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -77,6 +78,7 @@ def test_every_call_reads_the_configured_values(lib: Path) -> None:
         assert fake.calls("nvmlDeviceGetRemappedRows") == 8  # 4 values, read twice
 
 
+@pytest.mark.e2e
 def test_energy_grows_by_the_power_each_tick(lib: Path) -> None:
     devices = [FULL, dict(FULL, uuid="GPU-2", not_supported=["power"]), dict(FULL, uuid="GPU-3", energy_millijoules=0)]
     with initialised(lib, {"nvml": {"clock": "auto"}, "devices": devices}) as fake:
@@ -92,6 +94,7 @@ def test_energy_grows_by_the_power_each_tick(lib: Path) -> None:
         assert pynvml.nvmlDeviceGetTotalEnergyConsumption(zero) == 2 * 250_000
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(HEALTH_KEYS))
 def test_each_not_supported_name_blanks_its_call_only(lib: Path, name: str) -> None:
     device = dict(FULL, not_supported=[name])
@@ -102,6 +105,7 @@ def test_each_not_supported_name_blanks_its_call_only(lib: Path, name: str) -> N
     assert blanked == (set(REMAPPED) if name in REMAPPED else {name})
 
 
+@pytest.mark.e2e
 def test_a_device_without_the_keys_answers_not_supported(lib: Path) -> None:
     with initialised(lib, {"devices": [PLAIN]}):
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -115,6 +119,7 @@ def test_a_device_without_the_keys_answers_not_supported(lib: Path) -> None:
         assert v.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
+@pytest.mark.e2e
 def test_a_lost_gpu_answers_gpu_is_lost_from_every_call(lib: Path) -> None:
     with initialised(lib, {"devices": [dict(FULL, lost_after_ticks=1), PLAIN]}) as fake:
         h, other = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
@@ -134,6 +139,7 @@ def test_a_lost_gpu_answers_gpu_is_lost_from_every_call(lib: Path) -> None:
         assert read_all(other) == expected(PLAIN, 2)
 
 
+@pytest.mark.e2e
 def test_calls_before_init_are_uninitialized(lib: Path, tmp_path: Path) -> None:
     (tmp_path / "f.cfg").write_text(config_text({"devices": [FULL]}))
     with fake_nvml_loaded(lib, tmp_path / "f.cfg") as fake:
@@ -151,6 +157,7 @@ def test_calls_before_init_are_uninitialized(lib: Path, tmp_path: Path) -> None:
         assert fake.calls("nvmlGpmSampleAlloc") == 1
 
 
+@pytest.mark.e2e
 def test_invalid_arguments_are_refused(lib: Path) -> None:
     with initialised(lib, {"devices": [FULL]}) as fake:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -178,6 +185,7 @@ def test_invalid_arguments_are_refused(lib: Path) -> None:
             == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 
 
+@pytest.mark.e2e
 def test_mig_handles_answer_reserved_memory_only(lib: Path) -> None:
     card = dict(FULL, mig_devices=[{"uuid": "MIG-A", "profile": "3g.40gb", "memory_total_bytes": 40,
                                     "memory_used_bytes": 20, "memory_reserved_bytes": 5}])
@@ -196,6 +204,7 @@ def test_mig_handles_answer_reserved_memory_only(lib: Path) -> None:
         assert read_all(h, skip=frozenset({"memory_reserved_bytes"})) == want
 
 
+@pytest.mark.e2e
 def test_gpm_metrics_need_two_samples_of_one_card_in_order(lib: Path) -> None:
     with initialised(lib, {"devices": [FULL, dict(FULL, uuid="GPU-2")]}) as fake:
         h, other = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in (0, 1))
@@ -226,6 +235,7 @@ def test_gpm_metrics_need_two_samples_of_one_card_in_order(lib: Path) -> None:
             pynvml.nvmlGpmSampleFree(s)
 
 
+@pytest.mark.e2e
 def test_retired_pages_answer_the_size_probe(lib: Path) -> None:
     with initialised(lib, {"devices": [dict(FULL, retired_pages_single_bit=3, retired_pages_double_bit=0)]}) as fake:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -243,6 +253,7 @@ def test_retired_pages_answer_the_size_probe(lib: Path) -> None:
         assert count.value == 0
 
 
+@pytest.mark.e2e
 def test_old_driver_lacks_gpm_but_has_the_rest(lib: Path, tmp_path: Path) -> None:
     old = build_fake_nvml(tmp_path / "old", old_driver=True)
     for library in (old, lib):  # the old build, and the normal one told old_driver
@@ -258,6 +269,7 @@ def test_old_driver_lacks_gpm_but_has_the_rest(lib: Path, tmp_path: Path) -> Non
             assert read_all(h, skip=frozenset(newer)) == want
 
 
+@pytest.mark.e2e
 def test_a_child_process_reads_health_through_the_soname(lib: Path, tmp_path: Path) -> None:
     (tmp_path / "c.cfg").write_text(config_text({"devices": [FULL]}))
     child = textwrap.dedent("""
@@ -317,6 +329,7 @@ health_devices = st.fixed_dictionaries(
     optional={"memory_reserved_bytes": st.integers(0, d["memory_total_bytes"])}))
 
 
+@pytest.mark.e2e
 @settings(max_examples=40, deadline=None)
 @given(device=health_devices, ticks=st.integers(0, 4))
 def test_valid_health_mappings_read_back_through_pynvml(lib: Path, device: dict[str, Any], ticks: int) -> None:

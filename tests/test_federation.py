@@ -230,6 +230,7 @@ def _only(tier: dict[str, dict[Labels, float]], cluster: str) -> dict[str, dict[
     return {r: {k: v for k, v in series.items() if ("cluster", cluster) in k} for r, series in tier.items()}
 
 
+@pytest.mark.e2e
 def test_global_numbers_are_the_hand_computed_sums(tiers: Tiers) -> None:
     tier = expected_tier()
     wait_recorded(tiers.glob, expected_global(tier))
@@ -244,6 +245,7 @@ def test_global_numbers_are_the_hand_computed_sums(tiers: Tiers) -> None:
         assert not rule_health(base), base
 
 
+@pytest.mark.e2e
 def test_global_numbers_equal_the_sums_of_the_clusters(tiers: Tiers) -> None:
     """Every global record, busy and power included, from what the cluster servers hold at that moment."""
     records = [r["record"] for r in global_rules(OPTS)]
@@ -262,6 +264,7 @@ def _close(got: dict[Labels, float], want: dict[Labels, float], counter: bool) -
     return got.keys() == want.keys() and all(math.isclose(got[k], want[k], rel_tol=rel, abs_tol=1e-9) for k in want)
 
 
+@pytest.mark.e2e
 def test_no_raw_or_per_node_series_crosses_the_tier(tiers: Tiers) -> None:
     wait_recorded(tiers.glob, {"k8s_global_clusters": {frozenset(): 2}})
     names = metric_names(tiers.glob)

@@ -59,6 +59,7 @@ def _matched(selectors: list[str], names: set[str]) -> tuple[set[str], set[str |
     return matched, required
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", sorted(COMMITTED))
 def test_committed_renderings_are_fresh(path: str, tmp_path: Path) -> None:
     out = tmp_path / "fresh.yaml"
@@ -91,6 +92,7 @@ def test_tier_records_are_the_bundles_public_series_of_the_level() -> None:
     assert not any(":" in r for lv in LEVELS for r in tier_records(RuleOptions(), lv))
 
 
+@pytest.mark.e2e
 def test_scrape_job_and_global_rules_pass_promtool(tmp_path: Path) -> None:
     for i, opts in enumerate([RuleOptions(cluster_label="cluster"), CUSTOM]):
         (tmp_path / f"global-{i}.yaml").write_text(render_global_rules(opts))

@@ -71,6 +71,7 @@ def test_the_mix_has_what_a_fleet_has() -> None:
     assert len({ns for _, ns in namespaces}) < len(namespaces)  # namespaces repeat across clusters
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["hami", "gpushare", "mig", "train"])
 def test_a_node_is_exactly_what_the_exporter_serves_for_it(kind: str, tmp_path: Path) -> None:
     node = _node(kind)
@@ -112,6 +113,7 @@ def _values(text: str) -> dict[tuple[str, frozenset], float]:
             for s in f.samples}
 
 
+@pytest.mark.e2e
 def test_the_seed_group_evaluates_on_the_generated_tke_inputs(tmp_path: Path) -> None:
     nodes = build_fleet(BLOCK + 2, seed=1)  # two blocks: two clusters
     series = [{"series": s.key.decode(), "values": f"{s.value!r}x3"} for n in nodes for f in tke_families(n)
@@ -137,6 +139,7 @@ def test_the_seed_group_evaluates_on_the_generated_tke_inputs(tmp_path: Path) ->
     assert len(seed_records()) == 38 and "tke:k8s_cluster_gpu_total" in seed_rule_file()
 
 
+@pytest.mark.e2e
 def test_the_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     """Twelve nodes (two clusters), 1 s intervals: every number present, ours equal to the model."""
     argv = ["--nodes", str(BLOCK + 2), "--interval", "1s", "--scrape-timeout", "1s", "--evaluations", "2",

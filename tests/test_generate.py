@@ -11,6 +11,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from exporter.shell.generate import BANNER, COMMANDS, DASHBOARD_DIRS, DOCS, TABLE_BEGIN, TABLE_END, generated
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +24,7 @@ def _run(into: Path) -> subprocess.CompletedProcess[str]:
                           env={"PATH": "/usr/bin:/bin", "PYTHON": str(ROOT / ".venv/bin/python")})
 
 
+@pytest.mark.e2e
 def test_generate_sh_on_a_clean_tree_changes_nothing(tmp_path: Path) -> None:
     stale = tmp_path / DASHBOARD_DIRS[1] / "removed-dashboard.json"  # a dashboard the generator since dropped
     stale.parent.mkdir(parents=True)

@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -497,6 +498,7 @@ def test_health_node_signals_an_operator_acts_on() -> None:
     assert gpus[9]["energy_joules"] == 18_500_000.0
 
 
+@pytest.mark.e2e
 def test_health_node_passes_promtool_check_metrics() -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: run scripts/test.sh (installs Debian's prometheus)"

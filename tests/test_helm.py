@@ -659,6 +659,7 @@ def test_chart_copy_of_the_rules_is_fresh():
     assert copy == (ROOT / "rules" / "kube-gpu-exporter.rules.yaml").read_text()
 
 
+@pytest.mark.e2e
 def test_promtool_accepts_the_rules_of_the_rendered_prometheusrule(tmp_path):
     rule = named(render(WITH_CRDS), "PrometheusRule", RECORDING_RULES)
     path = tmp_path / "chart-rules.yaml"

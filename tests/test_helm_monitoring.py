@@ -167,6 +167,7 @@ def _promtool_check(tmp_path, groups: list[dict]) -> None:
     assert f"SUCCESS: {n} rules found" in proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", ["default", *sorted(OVERRIDES)])
 def test_promtool_accepts_the_rendered_alerts(tmp_path, case):
     values = OVERRIDES[case][0] if case != "default" else {}
@@ -175,6 +176,7 @@ def test_promtool_accepts_the_rendered_alerts(tmp_path, case):
     _promtool_check(tmp_path, rule["spec"]["groups"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name_override", [None, "gpu-metrics"])
 def test_the_bundles_promtool_unit_tests_pass_on_the_chart_objects(tmp_path, name_override):
     """alerts/tests/*.test.yaml (every alert fires when it should, and only then), run on what

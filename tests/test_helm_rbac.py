@@ -23,6 +23,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from exporter.node.simulate import parse_scenario
 from exporter.xid.events import EVENT_NAMESPACE
 from tests.fake_nvml import build_fake_nvml, subprocess_env, write_config
@@ -233,6 +235,7 @@ def _assert_event_series_written(recorded: set[Grant]) -> None:
     assert ("events.k8s.io", "events", "patch", EVENT_NAMESPACE) in recorded
 
 
+@pytest.mark.e2e
 def test_default_chart_grants_exactly_what_the_exporter_calls(tmp_path: Path):
     values: dict = {}
     with exporter_as_the_chart_runs_it(values, tmp_path, nvml_xids=True) as run:
@@ -254,6 +257,7 @@ def test_default_chart_grants_exactly_what_the_exporter_calls(tmp_path: Path):
     assert pods and {r.query.get("fieldSelector") for r in pods} == {f"spec.nodeName={run.node}"}
 
 
+@pytest.mark.e2e
 def test_kmsg_and_pod_resources_change_no_api_call(tmp_path: Path):
     values = {"xid": {"kmsg": {"enabled": True}}, "podResources": {"enabled": True}}
     with exporter_as_the_chart_runs_it(values, tmp_path, nvml_xids=False) as run:
@@ -268,6 +272,7 @@ def test_kmsg_and_pod_resources_change_no_api_call(tmp_path: Path):
     assert granted == rbac_grants(render({}))
 
 
+@pytest.mark.e2e
 def test_without_events_no_event_is_written_and_none_granted(tmp_path: Path):
     values = {"xid": {"events": False, "kmsg": {"enabled": True}}}
     with exporter_as_the_chart_runs_it(values, tmp_path, nvml_xids=False) as run:
@@ -279,6 +284,7 @@ def test_without_events_no_event_is_written_and_none_granted(tmp_path: Path):
                                    ("", "nodes", "get", CLUSTER)} | DRA
 
 
+@pytest.mark.e2e
 def test_without_xid_the_events_role_goes(tmp_path: Path):
     values = {"xid": {"enabled": False}}
     with exporter_as_the_chart_runs_it(values, tmp_path, nvml_xids=True) as run:
@@ -289,6 +295,7 @@ def test_without_xid_the_events_role_goes(tmp_path: Path):
     assert not any(g[1] == "events" for g in granted)
 
 
+@pytest.mark.e2e
 def test_without_the_pod_watch_there_are_no_api_calls_and_no_rbac(tmp_path: Path):
     values = {"config": {"podWatch": False}, "xid": {"kmsg": {"enabled": True}}}
     objs = render(values)

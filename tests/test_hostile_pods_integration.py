@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.integration_support import (
     EXAMPLES,
     exporter_node,
@@ -20,6 +22,8 @@ from tests.integration_support import (
     value,
 )
 from tests.k8s_double.objects import make_container, make_pod
+
+pytestmark = pytest.mark.e2e  # every test here starts python
 
 READY_S = 30.0
 SETTLE_S = 20.0

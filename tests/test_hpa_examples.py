@@ -340,6 +340,7 @@ def adapter_query(base: str, metric: str, namespace: str, selector: dict) -> str
     return expand(rule["metricsQuery"], discovered_series(base, rule), namespace, selector)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.metric}-{c.namespace}-{c.want}")
 def test_adapter_query_returns_the_value_worked_out_by_hand(prometheus: str, case: Case):
     q = adapter_query(prometheus, case.metric, case.namespace, case.selector)
@@ -352,6 +353,7 @@ def test_adapter_query_returns_the_value_worked_out_by_hand(prometheus: str, cas
     assert math.isclose(value, case.want, rel_tol=1e-9), f"{q} = {value}, want {case.want}"
 
 
+@pytest.mark.e2e
 def test_every_adapter_rule_has_a_case():
     assert {c.metric for c in CASES} == set(TARGET_TYPE)
 
@@ -374,6 +376,7 @@ def desired_replicas(target: dict, value: float, replicas: int, tolerance: float
     return replicas if abs(1 - ratio) <= tolerance else math.ceil(ratio * replicas)
 
 
+@pytest.mark.e2e
 def test_example_hpas_read_their_metric_from_the_adapter(prometheus: str):
     seen = set()
     for name, hpa in hpas():

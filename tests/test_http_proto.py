@@ -65,6 +65,7 @@ def get(path: str, *extra: str, method: str = "GET", version: str = "1.1") -> by
     return "\r\n".join([f"{method} {path} HTTP/{version}", "Host: x", *extra, "", ""]).encode()
 
 
+@pytest.mark.e2e
 def test_pipelined_requests_are_answered_in_order_on_one_connection():
     data, _ = exchange(get("/healthz") + get("/metrics") + get("/readyz") + get("/healthz", "Connection: close"))
     answers = responses(data)
@@ -73,6 +74,7 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection():
     assert answers[3][1]["connection"] == "close" and "connection" not in answers[0][1]
 
 
+@pytest.mark.e2e
 def test_a_request_split_over_many_packets():
     request = get("/metrics", "Accept-Encoding: gzip")
     data, _ = exchange(*(request[i:i + 3] for i in range(0, len(request), 3)), pause=0.005)
@@ -81,6 +83,7 @@ def test_a_request_split_over_many_packets():
     assert gzip.decompress(body).startswith(BODY)
 
 
+@pytest.mark.e2e
 def test_head_404_405_and_http_1_0():
     data, _ = exchange(get("/metrics", method="HEAD") + get("/nope") + get("/metrics", method="POST")
                        + get("/healthz", version="1.0"))
@@ -91,6 +94,7 @@ def test_head_404_405_and_http_1_0():
     assert old[2] == b"ok\n" and old[1]["connection"] == "close"  # HTTP/1.0 without keep-alive: closed
 
 
+@pytest.mark.e2e
 def test_an_announced_body_is_read_and_dropped_chunked_ones_refused():
     data, _ = exchange(get("/healthz", "Content-Length: 5") + b"hello" + get("/healthz"))
     assert [r[2] for r in responses(data)] == [b"ok\n", b"ok\n"]
@@ -98,6 +102,7 @@ def test_an_announced_body_is_read_and_dropped_chunked_ones_refused():
     assert data.startswith(b"HTTP/1.0 400 Bad Request\r\n") and stats.errors["bad_request"] == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("request_bytes,reason", [
     (b"\x16\x03\x01\x02\x00", "bad_request_line"),  # TLS to the HTTP port: refused before a line ends
     (b"GET / HTTP/1.1\r\nHost: x\r\nA: b\x01c\r\n\r\n", "bad_header"),
@@ -115,11 +120,13 @@ def test_stored_gzip_member_decodes_after_a_compressed_one(data: bytes, first: b
     assert zlib.decompress(stored_gzip(data)[10:-8], -15) == data  # plain deflate stored blocks
 
 
+@pytest.mark.e2e
 def test_a_deep_pipeline_is_served_without_recursion():
     data, _ = exchange(get("/healthz") * 3000 + get("/healthz", "Connection: close"))
     assert data.count(b"HTTP/1.1 200 OK") == 3001
 
 
+@pytest.mark.e2e
 def test_a_repeated_head_is_answered_as_parsed_and_a_changed_one_anew():
     """The connection reuses the parse of a head equal to its last one; any change is parsed again."""
     gz, plain = get("/metrics", "Accept-Encoding: gzip"), get("/metrics")

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.integration_support import exporter_node, parse_exposition, render_simulated, select
 from tests.prom_support import poll, query, run_prometheus, stop
+
+pytestmark = pytest.mark.e2e  # every test here starts python
 
 SCENARIO = Path(__file__).parent / "scenarios" / "health_node.yaml"
 READY_S = 30.0

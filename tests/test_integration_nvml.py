@@ -30,6 +30,8 @@ from tests.integration_support import (
     write_scenario,
 )
 
+pytestmark = pytest.mark.e2e  # every test here starts python
+
 READY_S = 30.0  # startup of a Python process on a loaded 2-core CI box
 SETTLE_S = 20.0
 

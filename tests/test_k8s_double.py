@@ -26,6 +26,8 @@ from tests.k8s_double import (
     poll_until,
 )
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 NODE = "gpu-node-1"
 SEL = f"spec.nodeName={NODE}"
 EV_PATH = "/apis/events.k8s.io/v1/namespaces/default/events"

@@ -586,6 +586,7 @@ def keda_replicas(so: Doc, trigger: Doc, reading: Reading, current: int) -> int:
 EXPECTED = {"infer-gpu": lambda u: u.used, "infer-gpu-share": lambda u: u.rate}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("so", scaled_objects(), ids=lambda so: so["metadata"]["name"])
 def test_busy_workload_reads_its_gpu_use_and_is_active(worlds: dict[str, World], so: Doc) -> None:
     world = worlds["busy"]
@@ -598,6 +599,7 @@ def test_busy_workload_reads_its_gpu_use_and_is_active(worlds: dict[str, World],
     assert keda_replicas(so, trigger, got, current=2) == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("so", scaled_objects(), ids=lambda so: so["metadata"]["name"])
 def test_idle_workload_reads_below_the_activation_threshold(worlds: dict[str, World], so: Doc) -> None:
     world = worlds["idle"]
@@ -612,6 +614,7 @@ def test_idle_workload_reads_below_the_activation_threshold(worlds: dict[str, Wo
     assert keda_replicas(so, trigger, got, current=2) == so["spec"]["minReplicaCount"] == 1
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("so", scaled_objects(), ids=lambda so: so["metadata"]["name"])
 def test_lost_exporter_is_an_error_not_an_idle_workload(worlds: dict[str, World], so: Doc) -> None:
     world = worlds["lost"]
@@ -627,6 +630,7 @@ def test_lost_exporter_is_an_error_not_an_idle_workload(worlds: dict[str, World]
     assert keda_replicas(so, trigger, got, current=1) == (2 if "fallback" in so["spec"] else 1)
 
 
+@pytest.mark.e2e
 def test_secured_prometheus_answers_only_with_the_trigger_authentications_credentials(worlds: dict[str, World]) -> None:
     world = worlds["busy"]
     (so,) = [s for s in scaled_objects() if world.base_for(s) == world.secured]
@@ -639,6 +643,7 @@ def test_secured_prometheus_answers_only_with_the_trigger_authentications_creden
     assert scaler_reading(world.secured, plain_so, prometheus_triggers(plain_so)[0]).error.endswith("status: 401")
 
 
+@pytest.mark.e2e
 def test_scaler_reading_reference(worlds: dict[str, World]) -> None:
     so = scaled_objects()[0]
     (trigger,) = prometheus_triggers(so)
@@ -732,6 +737,7 @@ def firing_alerts(base: str) -> list[dict[str, str]]:
     return out
 
 
+@pytest.mark.e2e
 def test_team_alertmanagerconfig_routes_the_teams_gpu_alerts(worlds: dict[str, World], tmp_path: Path) -> None:
     assert Path(AMTOOL).exists(), "amtool missing: apt-get install prometheus-alertmanager"
     doc = amc()

@@ -72,6 +72,7 @@ def https_api(pki: Path) -> Iterator[tuple[int, list[str]]]:
     server.server_close()
 
 
+@pytest.mark.e2e
 def test_not_in_a_cluster_without_the_environment_or_the_files(tmp_path: Path, pki: Path) -> None:
     sa = service_account(tmp_path / "sa", pki)
     assert in_cluster(sa, {}) is None
@@ -81,6 +82,7 @@ def test_not_in_a_cluster_without_the_environment_or_the_files(tmp_path: Path, p
     assert api is not None and api.host == "https://[fd00::1]:6443"
 
 
+@pytest.mark.e2e
 def test_in_cluster_verifies_the_ca_and_follows_token_rotation(tmp_path: Path, pki: Path,
                                                                https_api: tuple[int, list[str]]) -> None:
     port, seen = https_api
@@ -93,6 +95,7 @@ def test_in_cluster_verifies_the_ca_and_follows_token_rotation(tmp_path: Path, p
     assert seen == ["Bearer tok-1", "Bearer tok-2"]
 
 
+@pytest.mark.e2e
 def test_a_server_outside_the_service_account_ca_is_refused(tmp_path: Path, pki: Path,
                                                             https_api: tuple[int, list[str]]) -> None:
     port, seen = https_api
@@ -106,6 +109,7 @@ def test_a_server_outside_the_service_account_ca_is_refused(tmp_path: Path, pki:
     assert seen == []  # the token never left
 
 
+@pytest.mark.e2e
 def test_the_token_goes_only_over_https(tmp_path: Path, pki: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
@@ -115,12 +119,14 @@ def test_the_token_goes_only_over_https(tmp_path: Path, pki: Path, monkeypatch: 
     assert build_api_client(None, None).host == "https://10.0.0.1:443"
 
 
+@pytest.mark.e2e
 def test_errors_carry_the_status_and_the_servers_message() -> None:
     with ApiServerDouble() as double, pytest.raises(ApiException) as missing:
         kube_api_for(double).get("/api/v1/nodes/nope")
     assert missing.value.status == 404 and "not found" in str(missing.value)
 
 
+@pytest.mark.e2e
 def test_a_kept_alive_connection_the_server_closed_is_replaced() -> None:
     with ApiServerDouble() as double:
         double.add_pod(make_pod("p", node="n"))
@@ -132,6 +138,7 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced() -> None:
         assert [r.status for r in double.requests_to("GET", "/api/v1/pods")] == [200, 200]
 
 
+@pytest.mark.e2e
 def test_query_values_are_sent_as_the_kubernetes_client_sends_them() -> None:
     with ApiServerDouble() as double:
         api = kube_api_for(double)

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration_support import (
     EXAMPLES,
     ROOT,
@@ -24,6 +26,8 @@ from tests.integration_support import (
     select,
     value,
 )
+
+pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc), starts a server
 
 PROBE = ROOT / "tests" / "module_probe.py"
 READY_S = 60.0

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -108,6 +109,7 @@ def test_binary_packages_have_a_wheel_hash_per_platform() -> None:
             assert len(pin.hashes) == (1 if pure else 2), f"{lock.name}: {pin.name} ({tags}) has {len(pin.hashes)}"
 
 
+@pytest.mark.e2e
 def test_pip_reads_the_locks_in_hash_checking_mode(tmp_path) -> None:
     """pip itself parses both files with --require-hashes, offline: everything is already installed at
     the pinned version (the test above), so nothing would be fetched."""
@@ -125,6 +127,7 @@ def _sbom(tmp_path, name: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.e2e
 def test_the_sbom_lists_every_locked_package_with_its_hashes(tmp_path) -> None:
     doc = _sbom(tmp_path, "a.cdx.json")
     assert (doc["bomFormat"], doc["specVersion"]) == ("CycloneDX", "1.5")

@@ -164,6 +164,7 @@ def test_nvml_down_is_one_error_naming_the_fix_and_recovery_one_line(caplog: pyt
     assert len(records(caplog, logging.ERROR, "NVML cannot initialise")) == 2  # a new outage is news again
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ready_without_nvml", [False, True])
 def test_readyz_is_503_with_the_reason_while_nvml_is_down(ready_without_nvml: bool) -> None:
     backend, pipeline, holder = nvml_down_pipeline()
@@ -194,6 +195,7 @@ def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_fake_nvml(tmp_path_factory.mktemp("fake-nvml")).parent
 
 
+@pytest.mark.e2e
 def test_real_mode_without_nvml_then_recovery(tmp_path: Path, fake_nvml_dir: Path,
                                               stop_all: list[subprocess.Popen[bytes]]) -> None:
     """The real command line on the fake NVML: init fails twice, then works (backoff 1 s, 2 s)."""
@@ -245,6 +247,7 @@ def test_pod_watch_logs_sync_loss_and_return_once(caplog: pytest.LogCaptureFixtu
                         "pod watch synced again: 0 pods on this node"], messages
 
 
+@pytest.mark.e2e
 def test_pod_resources_trouble_once_and_recovery_once(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     server = PodResourcesServer()
@@ -319,6 +322,7 @@ def test_json_formatter_one_object_per_line() -> None:
     assert doc["time"].endswith("+00:00") and "ValueError: boom" in doc["exception"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_json_log_format_end_to_end(tmp_path: Path, how: str, stop_all: list[subprocess.Popen[bytes]]) -> None:
     port, log = free_port(), tmp_path / "out.log"

@@ -10,6 +10,8 @@ from exporter.node.node_object import NodeObject
 from tests.k8s_double import ApiServerDouble, kube_api_for, poll_until
 from tests.k8s_double.objects import make_node
 
+pytestmark = pytest.mark.e2e  # every test here starts a server, builds the fake NVML library (gcc)
+
 
 @pytest.fixture
 def double() -> Iterator[ApiServerDouble]:

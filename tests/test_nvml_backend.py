@@ -22,6 +22,8 @@ from exporter.node.nvml.backend import NvmlBackend
 from exporter.node.simulate import SimulatedBackend, parse_scenario
 from tests.fake_nvml import TICK_US, FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
 
+pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
+
 GIB = 1 << 30
 
 GPU0: dict[str, Any] = {

@@ -25,6 +25,8 @@ from tests.fake_nvml import build_fake_nvml
 from tests.fake_nvml.health_config import scalar_values
 from tests.test_nvml_backend import GIB, GPU1, Harness, counting_wrapper, failing_for, mig_scenario, scenario, uuid_of
 
+pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
+
 KIB = 1024
 HEALTH: dict[str, Any] = {
     **scalar_values(1),  # every integer health key; below, the values tests here and test_device_check assert

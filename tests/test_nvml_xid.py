@@ -178,6 +178,7 @@ def test_dedup_drain_hands_out_everything_held_oldest_first() -> None:
 # ---------------------------------------------------------------- the NVML thread
 
 
+@pytest.mark.e2e
 def test_source_registers_every_gpu_and_maps_the_event_to_its_gpu(lib: Path, tmp_path: Path) -> None:
     clock = FakeClock()
     with fake(lib, tmp_path, with_xids(2, (1, 48), (1, 13))) as f:
@@ -190,6 +191,7 @@ def test_source_registers_every_gpu_and_maps_the_event_to_its_gpu(lib: Path, tmp
     assert source.errors() == {}
 
 
+@pytest.mark.e2e
 def test_a_gpu_that_fails_to_register_is_skipped_and_counted(lib: Path, tmp_path: Path) -> None:
     devices = with_xids(2, (2, 31))
     devices[0]["xid_events"] = [{"tick": 2, "xid": 79}]
@@ -211,6 +213,7 @@ def test_a_gpu_that_fails_to_register_is_skipped_and_counted(lib: Path, tmp_path
             pynvml.nvmlShutdown()
 
 
+@pytest.mark.e2e
 def test_a_gpu_without_xid_events_is_skipped_and_counted(lib: Path, tmp_path: Path) -> None:
     devices = with_xids(2, (1, 31))
     devices[1]["not_supported"] = ["events"]  # its supported event types lack Xid
@@ -225,6 +228,7 @@ def test_a_gpu_without_xid_events_is_skipped_and_counted(lib: Path, tmp_path: Pa
         assert f.calls("nvmlDeviceRegisterEvents") == 2  # not asked for what it said it cannot do
 
 
+@pytest.mark.e2e
 def test_nvml_down_is_retried_with_backoff(lib: Path, tmp_path: Path) -> None:
     with fake(lib, tmp_path, with_xids(0, (1, 79)), init_failures=3) as f:
         source = NvmlXidSource(wait_ms=20, backoff_s=0.01, backoff_max_s=0.02)
@@ -236,6 +240,7 @@ def test_nvml_down_is_retried_with_backoff(lib: Path, tmp_path: Path) -> None:
         assert source.sessions == 1 and f.calls("nvmlInitWithFlags") == 4
 
 
+@pytest.mark.e2e
 def test_no_gpus_is_retried_later(lib: Path, tmp_path: Path) -> None:
     with fake(lib, tmp_path, []) as f:
         source = NvmlXidSource(wait_ms=20, backoff_s=0.01, backoff_max_s=0.02)
@@ -248,6 +253,7 @@ def test_no_gpus_is_retried_later(lib: Path, tmp_path: Path) -> None:
         assert f.calls("nvmlEventSetCreate") == 0
 
 
+@pytest.mark.e2e
 def test_stop_is_prompt_while_waiting_and_while_backing_off(lib: Path, tmp_path: Path) -> None:
     with fake(lib, tmp_path, GPUS) as f:
         source = NvmlXidSource(wait_ms=300)
@@ -316,6 +322,7 @@ def nvml_result(w: XidWatcher, result: str) -> int:
     return w.stats().nvml_events.get(result, 0)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kmsg", ["disabled", "unreadable"])
 def test_nvml_alone_counts_after_the_window_and_posts_an_event(lib: Path, tmp_path: Path, kmsg: str) -> None:
     with ApiServerDouble() as api:
@@ -343,6 +350,7 @@ def test_nvml_alone_counts_after_the_window_and_posts_an_event(lib: Path, tmp_pa
     assert writer.counts().failed == 0
 
 
+@pytest.mark.e2e
 def test_a_kernel_log_failing_every_read_does_not_stall_the_nvml_xids(lib: Path, tmp_path: Path) -> None:
     with watching(lib, tmp_path, tmp_path / "kmsg", opener=lambda path: FailingKmsg()) as (w, f, clock):
         f.advance(1)
@@ -353,6 +361,7 @@ def test_a_kernel_log_failing_every_read_does_not_stall_the_nvml_xids(lib: Path,
         assert w.stats().skips["read_error"] >= 1
 
 
+@pytest.mark.e2e
 def test_kmsg_first_then_nvml_within_the_window_counts_once(lib: Path, tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_bytes(b"")
@@ -369,6 +378,7 @@ def test_kmsg_first_then_nvml_within_the_window_counts_once(lib: Path, tmp_path:
     assert nvml_result(w, "counted") == 0
 
 
+@pytest.mark.e2e
 def test_nvml_first_then_kmsg_within_the_window_counts_once_with_the_pod(lib: Path, tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_bytes(b"")
@@ -384,6 +394,7 @@ def test_nvml_first_then_kmsg_within_the_window_counts_once_with_the_pod(lib: Pa
     assert nvml_result(w, "counted") == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("first", ["kmsg", "nvml"])
 def test_outside_the_window_both_are_counted(lib: Path, tmp_path: Path, first: str) -> None:
     kmsg = tmp_path / "kmsg"
@@ -409,6 +420,7 @@ def test_outside_the_window_both_are_counted(lib: Path, tmp_path: Path, first: s
     assert nvml_result(w, "duplicate") == 0
 
 
+@pytest.mark.e2e
 def test_nvml_families_render(lib: Path, tmp_path: Path) -> None:
     devices = with_xids(0, (1, 79))
     devices[1]["lost_after_ticks"] = 0
@@ -447,6 +459,7 @@ def exposition(body: bytes) -> dict[tuple[str, tuple], float]:
             for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
 
 
+@pytest.mark.e2e
 def test_daemon_takes_nvml_xids_and_pairs_them_with_the_kernel_log(lib: Path, tmp_path: Path) -> None:
     kmsg = tmp_path / "kmsg"
     kmsg.write_bytes(kmsg_xid(1, pid=0))

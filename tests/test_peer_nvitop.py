@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration_support import (
     EXAMPLES,
     Key,
@@ -20,6 +22,8 @@ from tests.integration_support import (
     scenario_pids,
     select,
 )
+
+pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
 
 READY_S = 30.0  # startup of a Python process on a loaded 2-core CI box
 SETTLE_S = 20.0

@@ -241,6 +241,7 @@ def render(scenario: Path, *flags: str) -> str:
     return snapshot.body.decode()
 
 
+@pytest.mark.e2e
 def test_simulated_node_with_the_allowlist(tmp_path: Path):
     text = render(scenario_with_labels(tmp_path), "--pod-labels-allowlist", "team.*,cost-center")
     fams = {f.name: f for f in text_string_to_metric_families(text)}

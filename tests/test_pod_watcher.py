@@ -58,6 +58,7 @@ def pod_watches(api: ApiServerDouble) -> list:
     return [r for r in api.requests_to("GET", "/api/v1/pods") if r.query.get("watch") == "true"]
 
 
+@pytest.mark.e2e
 def test_initial_list_only_this_node(api: ApiServerDouble, watcher: PodWatcher) -> None:
     api.add_pod(make_pod("mine", node=NODE))
     api.add_pod(make_pod("theirs", node="other-node"))
@@ -76,6 +77,7 @@ def test_initial_list_only_this_node(api: ApiServerDouble, watcher: PodWatcher) 
     assert w["resourceVersion"] == watcher.view().resource_version
 
 
+@pytest.mark.e2e
 def test_add_modify_delete_seen(api: ApiServerDouble, watcher: PodWatcher) -> None:
     watcher.start()
     poll_until(lambda: api.active_watches == 1)
@@ -93,6 +95,7 @@ def test_add_modify_delete_seen(api: ApiServerDouble, watcher: PodWatcher) -> No
     assert watcher.stats().sync_errors == 0
 
 
+@pytest.mark.e2e
 def test_clean_watch_end_resumes_without_relist(api: ApiServerDouble, watcher: PodWatcher) -> None:
     watcher.start()
     poll_until(lambda: api.active_watches == 1)
@@ -104,6 +107,7 @@ def test_clean_watch_end_resumes_without_relist(api: ApiServerDouble, watcher: P
     assert watcher.stats().sync_errors == 0
 
 
+@pytest.mark.e2e
 def test_410_relists_and_loses_nothing(api: ApiServerDouble, watcher: PodWatcher) -> None:
     api.add_pod(make_pod("stays", node=NODE))
     api.add_pod(make_pod("goes", node=NODE))
@@ -120,6 +124,7 @@ def test_410_relists_and_loses_nothing(api: ApiServerDouble, watcher: PodWatcher
     assert stats.sync_errors == 0 and stats.synced  # 410 is routine, not an error
 
 
+@pytest.mark.e2e
 def test_410_from_compaction(api: ApiServerDouble, watcher: PodWatcher) -> None:
     watcher.start()
     poll_until(lambda: api.active_watches == 1)
@@ -133,6 +138,7 @@ def test_410_from_compaction(api: ApiServerDouble, watcher: PodWatcher) -> None:
     assert len(pod_lists(api)) >= 2
 
 
+@pytest.mark.e2e
 def test_outage_keeps_last_good_view_and_recovers(
     api: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
 ) -> None:
@@ -157,6 +163,7 @@ def test_outage_keeps_last_good_view_and_recovers(
     assert watcher.stats().last_sync_timestamp > synced_at
 
 
+@pytest.mark.e2e
 def test_server_errors_counted_then_synced(
     api: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
 ) -> None:
@@ -169,6 +176,7 @@ def test_server_errors_counted_then_synced(
     assert names(watcher) == {"a"}
 
 
+@pytest.mark.e2e
 def test_malformed_pod_counted_not_crashing(api: ApiServerDouble, watcher: PodWatcher) -> None:
     bad = make_pod("bad", node=NODE)
     bad["spec"]["containers"] = "garbage"
@@ -188,6 +196,7 @@ def test_malformed_pod_counted_not_crashing(api: ApiServerDouble, watcher: PodWa
     assert watcher.stats().sync_errors == 0
 
 
+@pytest.mark.e2e
 def test_pages_are_followed(api: ApiServerDouble, backoff: RecordingBackoff) -> None:
     for i in range(5):
         api.add_pod(make_pod(f"p{i}", node=NODE))
@@ -203,6 +212,7 @@ def test_pages_are_followed(api: ApiServerDouble, backoff: RecordingBackoff) -> 
         w.stop()
 
 
+@pytest.mark.e2e
 def test_stop_is_prompt_during_a_long_watch(api: ApiServerDouble, backoff: RecordingBackoff) -> None:
     w = PodWatcher(NODE, kube_api_for(api), watch_timeout_seconds=600, backoff=backoff)
     w.start()
@@ -214,6 +224,7 @@ def test_stop_is_prompt_during_a_long_watch(api: ApiServerDouble, backoff: Recor
     assert w.stats().sync_errors == 0  # closing the stream is not an error
 
 
+@pytest.mark.e2e
 def test_stop_during_backoff_is_prompt(api: ApiServerDouble) -> None:
     api.go_offline()
     w = PodWatcher(NODE, kube_api_for(api), backoff=lambda n: 60.0)
@@ -260,6 +271,7 @@ def write_kubeconfig(path: Path, server: str) -> Path:
     return path
 
 
+@pytest.mark.e2e
 def test_build_api_client_explicit_url_wins(no_cluster: Path, api: ApiServerDouble) -> None:
     write_kubeconfig(no_cluster / "kc", "http://127.0.0.1:1")
     c = build_api_client(api.url + "/", str(no_cluster / "kc"))
@@ -273,6 +285,7 @@ def test_build_api_client_explicit_url_wins(no_cluster: Path, api: ApiServerDoub
         w.stop()
 
 
+@pytest.mark.e2e
 def test_build_api_client_kubeconfig_path(no_cluster: Path, api: ApiServerDouble) -> None:
     c = build_api_client(None, str(write_kubeconfig(no_cluster / "kc", api.url)))
     assert c.host == api.url

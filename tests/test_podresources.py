@@ -341,6 +341,7 @@ def kubelet(sock_dir: Path) -> Iterator[Callable[[Handler], str]]:
         server.stop(None)
 
 
+@pytest.mark.e2e
 def test_list_against_grpc_server_with_our_encoder(kubelet: Callable[[Handler], str]) -> None:
     requests: list[bytes] = []
 
@@ -353,11 +354,13 @@ def test_list_against_grpc_server_with_our_encoder(kubelet: Callable[[Handler], 
     assert requests == [b""]  # ListPodResourcesRequest is empty
 
 
+@pytest.mark.e2e
 def test_list_against_grpc_server_with_official_bytes(kubelet: Callable[[Handler], str]) -> None:
     path = kubelet(lambda request, context: _official_bytes())
     assert list_pod_resources(path, timeout=5.0) == PODS
 
 
+@pytest.mark.e2e
 def test_server_error_status_is_unavailable(kubelet: Callable[[Handler], str]) -> None:
     def handler(request: bytes, context: grpc.ServicerContext) -> bytes:
         context.abort(grpc.StatusCode.PERMISSION_DENIED, "go away")
@@ -368,12 +371,14 @@ def test_server_error_status_is_unavailable(kubelet: Callable[[Handler], str]) -
         list_pod_resources(path)
 
 
+@pytest.mark.e2e
 def test_server_garbage_is_decode_error(kubelet: Callable[[Handler], str]) -> None:
     path = kubelet(lambda request, context: b"\x0a\x7fnot really")
     with pytest.raises(PodResourcesDecodeError):
         list_pod_resources(path)
 
 
+@pytest.mark.e2e
 def test_timeout(kubelet: Callable[[Handler], str]) -> None:
     release = threading.Event()
 
@@ -403,6 +408,7 @@ def test_path_that_is_not_a_socket(sock_dir: Path) -> None:
         list_pod_resources(str(f))
 
 
+@pytest.mark.e2e
 def test_socket_without_listener(sock_dir: Path) -> None:
     path = str(sock_dir / "dead.sock")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -416,6 +422,7 @@ def test_socket_without_listener(sock_dir: Path) -> None:
         s.close()
 
 
+@pytest.mark.e2e
 def test_a_restarted_kubelet_is_reached_on_the_next_call(sock_dir: Path) -> None:
     path = str(sock_dir / "kubelet.sock")
 
@@ -437,6 +444,7 @@ def test_a_restarted_kubelet_is_reached_on_the_next_call(sock_dir: Path) -> None
         second.stop(None)
 
 
+@pytest.mark.e2e
 def test_the_kept_connection_is_renewed_now_and_then(kubelet: Callable[[Handler], str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """h2 keeps a record per closed stream: a connection serves a bounded number of calls."""

@@ -273,6 +273,7 @@ def test_a_lying_annotations_grant_is_counted_once() -> None:
 
 # ---- through the real CLI --------------------------------------------------------------------
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
 def test_scenario_serves_through_the_cli(scenario: Path, tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("kube-gpu-exporter")

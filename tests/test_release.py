@@ -49,6 +49,7 @@ def test_the_version_is_written_once() -> None:
     assert hits == [ROOT / "exporter" / "_version.py"]
 
 
+@pytest.mark.e2e
 def test_cli_build_info_and_chart_agree() -> None:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     out = run([sys.executable, "-m", "exporter", "--version"], cwd=ROOT, env=env).stdout
@@ -129,6 +130,7 @@ def _release(repo: Path, tag: str) -> list[str]:
     return release_check.check(repo, tag)[1]
 
 
+@pytest.mark.e2e
 def test_release_rules(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -200,12 +202,14 @@ def actionlint(path: Path) -> subprocess.CompletedProcess[str]:
                            str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_release_workflow_passes_actionlint() -> None:
     proc = actionlint(WORKFLOW)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == ""
 
 
+@pytest.mark.e2e
 def test_actionlint_is_live(tmp_path: Path) -> None:
     bad = tmp_path / ".github" / "workflows" / "bad.yml"
     bad.parent.mkdir(parents=True)

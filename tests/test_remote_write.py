@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from exporter.bundle.rules import RuleOptions, render_rules
@@ -34,6 +35,8 @@ from tests.federation_support import (
 )
 from tests.prom_support import PROMETHEUS, free_port, stop
 from tests.test_rules_e2e import Target, expected_cluster_rendering, exporters, public_records, wait_recorded
+
+pytestmark = pytest.mark.e2e  # every test here starts a server
 
 __all__ = ["exporters"]  # the module-scoped fixture of tests/test_rules_e2e.py
 

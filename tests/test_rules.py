@@ -145,6 +145,7 @@ def _promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 # ------------------------------------------------------------------ committed bundle
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("path", sorted(COMMITTED))
 def test_committed_rendering_is_fresh(path: str, tmp_path: Path) -> None:
     out = tmp_path / "fresh.yaml"
@@ -349,6 +350,7 @@ def test_the_label_check_catches_a_copy_that_could_be_the_scrapes(record: str, e
 # ------------------------------------------------------------------ promtool
 
 
+@pytest.mark.e2e
 def test_promtool_check_rules_clean() -> None:
     res = _promtool(
         "check",
@@ -361,6 +363,7 @@ def test_promtool_check_rules_clean() -> None:
     assert "WARNING" not in (res.stdout + res.stderr).upper()
 
 
+@pytest.mark.e2e
 def test_promtool_unit_tests_pass() -> None:
     files = sorted(str(p.relative_to(ROOT)) for p in (RULES / "tests").glob("*.yaml"))
     assert len(files) >= 2
@@ -369,6 +372,7 @@ def test_promtool_unit_tests_pass() -> None:
     assert res.stdout.count("SUCCESS") == len(files)
 
 
+@pytest.mark.e2e
 def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     """A wrong expectation must make promtool fail (guards against vacuous test files)."""
     src = (RULES / "tests" / "default.test.yaml").read_text()
@@ -399,6 +403,7 @@ def test_every_recorded_series_is_asserted(test_file: str) -> None:
     assert recorded - asserted == set()
 
 
+@pytest.mark.e2e
 def test_promtool_check_for_each_single_level(tmp_path: Path) -> None:
     paths = []
     for level in LEVELS:

@@ -38,6 +38,8 @@ from tests.prom_support import (
 )
 from tests.test_rules import COUNTER_SERIES
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 MIB = 2**20
 
 # (scenario file, node name, cluster)

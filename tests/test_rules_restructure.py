@@ -37,6 +37,8 @@ from bench.fleet_serve import CONTENT_TYPE, FleetServer, shards
 from bench.prom import Prometheus, http, renamed_rules
 from exporter.bundle.rules import RuleOptions, render_rules
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "data" / "rules_restructure"
 WINDOW = "6s"  # rate window: 6 scrapes of 1 s, so rate() is the counters' slope once 8 s of data exist

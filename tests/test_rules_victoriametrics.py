@@ -12,12 +12,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from exporter.bundle.rules import RuleOptions, render_rules
 from tests.federation_support import force_flush, start
 from tests.prom_support import free_port, stop
 from tests.test_rules_e2e import Target, expected_cluster_rendering, exporters, public_records, wait_recorded
+
+pytestmark = pytest.mark.e2e  # every test here starts a server
 
 __all__ = ["exporters"]  # the module-scoped fixture, shared with the Prometheus test
 

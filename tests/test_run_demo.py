@@ -20,6 +20,8 @@ import yaml
 
 from tests.prom_support import ALERTMANAGER, PROMETHEUS, free_port, http_get, poll, query
 
+pytestmark = pytest.mark.e2e  # every test here starts a server, starts test_demo_
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "run-demo.sh"
 SCENARIOS = ["examples/seed-cgpu-t4.yaml", "examples/mixed-4gpu-node.yaml", "examples/mig-a100-node.yaml"]

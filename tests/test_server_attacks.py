@@ -25,6 +25,8 @@ import pytest
 
 from tests.integration_support import ROOT, ExporterProcess, free_port, parse_exposition, poll, value
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 SEED = ROOT / "examples" / "seed-cgpu-t4.yaml"
 FLOOD = 2000
 

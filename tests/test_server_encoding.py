@@ -137,6 +137,7 @@ def scrape(headers: list[tuple[str, str]]):
     return asyncio.run(go())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("headers,gz", [
     ([("Accept-Encoding", "gzip")], True),
     ([("Accept-Encoding", "gzip;q=0")], False),

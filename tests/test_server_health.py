@@ -29,6 +29,8 @@ from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from tests.http_support import AppClient
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "examples" / "seed-cgpu-t4.yaml"
 STALE_AFTER = 0.6

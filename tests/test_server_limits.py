@@ -89,6 +89,7 @@ async def until(pred: Callable[[], bool], within: float = 5.0) -> None:
             await asyncio.sleep(0.01)  # polling a condition of the server under test
 
 
+@pytest.mark.e2e
 def test_oldest_idle_connection_is_dropped_first_and_busy_ones_are_kept():
     limits = ServerLimits(max_connections=16)
 
@@ -116,6 +117,7 @@ def test_oldest_idle_connection_is_dropped_first_and_busy_ones_are_kept():
     assert b'kube_gpu_exporter_http_connections_dropped_total{reason="limit"}' in stats.render()
 
 
+@pytest.mark.e2e
 def test_all_busy_drops_the_oldest():
     limits = ServerLimits(max_connections=16)
 
@@ -133,6 +135,7 @@ def test_all_busy_drops_the_oldest():
     run_server(limits, body)
 
 
+@pytest.mark.e2e
 def test_a_connection_that_sends_nothing_is_closed_after_the_idle_timeout():
     limits = ServerLimits(idle_timeout=0.3)
 
@@ -148,6 +151,7 @@ def test_a_connection_that_sends_nothing_is_closed_after_the_idle_timeout():
     run_server(limits, body)
 
 
+@pytest.mark.e2e
 def test_slowloris_is_closed_after_the_header_timeout():
     limits = ServerLimits(header_timeout=0.3, idle_timeout=30)
 
@@ -168,6 +172,7 @@ def test_slowloris_is_closed_after_the_header_timeout():
     assert stats.dropped["header_timeout"] == 1
 
 
+@pytest.mark.e2e
 def test_a_response_nobody_takes_is_dropped_after_the_request_timeout():
     limits = ServerLimits(request_timeout=0.3)
 
@@ -181,6 +186,7 @@ def test_a_response_nobody_takes_is_dropped_after_the_request_timeout():
     assert stats.dropped["request_timeout"] == 1
 
 
+@pytest.mark.e2e
 def test_malformed_requests_get_400_one_log_line_and_a_count(caplog):
     caplog.set_level(logging.DEBUG)
 
@@ -239,6 +245,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.e2e
 def test_real_emfile_is_survived_counted_and_logged_once(tmp_path: Path):
     script = tmp_path / "emfile_server.py"
     script.write_text(EMFILE_SERVER)
@@ -298,6 +305,7 @@ def _in_subprocess(nofile: str, code: str) -> str:
     return out.stdout + out.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("nofile,want,said", [
     ("1024:4096", "4096 (4096, 4096)", "raised from 1024 to 4096"),
     ("1024:1024", "1024 (1024, 1024)", "file descriptor limit: 1024 (hard limit 1024)"),

@@ -64,6 +64,7 @@ def test_seed_rows_reproduced_row_for_row(seed: str, scenario: str):
     assert extra == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("scenario", EXAMPLES, ids=lambda p: p.name)
 def test_promtool_check_metrics_is_clean(scenario: Path):
     promtool = shutil.which("promtool")
@@ -152,6 +153,7 @@ def test_broken_scenarios_give_clear_errors(mutate, message):
         parse_scenario(doc)
 
 
+@pytest.mark.e2e
 def test_cli_reports_bad_scenario_and_bad_flags(tmp_path: Path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("devices: [1, 2\n")
@@ -197,6 +199,7 @@ class Counting:
         return self._inner(*a, **kw)
 
 
+@pytest.mark.e2e
 def test_scrape_path_touches_no_source():
     daemon = build_daemon(load_config(["--simulate", str(ROOT / "examples" / "seed-cgpu-t4.yaml")]))
     calls: dict[str, int] = {}
@@ -246,6 +249,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_daemon_serves_on_the_listen_address():
     port = free_port()
     env = {**os.environ, "KUBE_GPU_EXPORTER_INTERVAL": "0.2"}

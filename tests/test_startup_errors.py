@@ -170,6 +170,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_huge_interval_does_not_kill_the_sampler_thread() -> None:
     # Before: the server came up and the sampler thread died (OverflowError in Event.wait).
     rc, err = run_cli("--simulate", EXAMPLE, "--no-xid", "--interval", "1e308", "--listen", f"127.0.0.1:{free_port()}")
@@ -216,21 +217,25 @@ def busy_port():
         yield sock.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_busy_port(busy_port: int) -> None:
     rc, err = run_cli("--simulate", EXAMPLE, "--no-xid", "--listen", f"127.0.0.1:{busy_port}")
     assert_one_line_error(rc, err, f"127.0.0.1:{busy_port}", "already in use")
 
 
+@pytest.mark.e2e
 def test_address_no_local_interface_has() -> None:
     rc, err = run_cli("--simulate", EXAMPLE, "--no-xid", "--listen", "192.0.2.1:9400")  # TEST-NET-1
     assert_one_line_error(rc, err, "192.0.2.1", "no local interface")
 
 
+@pytest.mark.e2e
 def test_unresolvable_host() -> None:
     rc, err = run_cli("--simulate", EXAMPLE, "--no-xid", "--listen", "nosuchhost.invalid:9400")
     assert_one_line_error(rc, err, "nosuchhost.invalid", "cannot resolve")
 
 
+@pytest.mark.e2e
 def test_listen_is_checked_before_anything_starts(busy_port: int, capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     def no_daemon(cfg):
@@ -241,6 +246,7 @@ def test_listen_is_checked_before_anything_starts(busy_port: int, capsys: pytest
     assert_one_line_error(rc, err, "already in use")
 
 
+@pytest.mark.e2e
 def test_serving_is_printed_only_once_the_server_listens(capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The port is taken between the pre-flight check and the server's bind: one error line, no "serving"."""
@@ -257,6 +263,7 @@ def test_serving_is_printed_only_once_the_server_listens(capsys: pytest.CaptureF
     assert_one_line_error(rc, err, f"127.0.0.1:{port}", "already in use")
 
 
+@pytest.mark.e2e
 def test_serving_line_names_the_bound_port() -> None:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--simulate", EXAMPLE, "--no-xid", "--listen",
@@ -273,6 +280,7 @@ def test_serving_line_names_the_bound_port() -> None:
         proc.wait(10)
 
 
+@pytest.mark.e2e
 def test_the_probe_leaves_the_port_free() -> None:
     port = free_port()
     check_listen(f"127.0.0.1:{port}")
@@ -286,6 +294,7 @@ _hosts = st.one_of(st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(lambd
                                     "a\x00b", "[", "::1"]))
 
 
+@pytest.mark.e2e
 @given(host=_hosts, port=st.integers(min_value=-1, max_value=70000))
 @settings(max_examples=150, deadline=None)
 def test_any_listen_address_binds_or_gives_one_line(host: str, port: int) -> None:
@@ -330,6 +339,7 @@ def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: 
     assert_one_line_error(rc, err, word)
 
 
+@pytest.mark.e2e
 def test_a_nul_in_the_scenario_path_is_one_line(capsys) -> None:
     from exporter.shell import cli
 

@@ -184,6 +184,7 @@ def test_page_shows_the_tables_and_links() -> None:
     assert "http://" not in page and "https://" not in page  # no external assets
 
 
+@pytest.mark.e2e
 def test_server_routes_serve_the_status() -> None:
     snapshot, _ = cycle(MIG)
     holder = SnapshotHolder(empty_snapshot(0.0))
@@ -204,6 +205,7 @@ def test_server_routes_serve_the_status() -> None:
     assert "MIG 3g.40gb" in page and "train-large-0" in page
 
 
+@pytest.mark.e2e
 def test_served_xids_carry_the_catalog_meaning() -> None:
     snapshot, attr = cycle(MIXED)
     uuid = attr.devices[0].device.uuid

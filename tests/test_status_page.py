@@ -15,6 +15,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "examples" / "mixed-4gpu-node.yaml"
 SHOT = ROOT / "docs" / "status-page.png"

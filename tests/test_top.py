@@ -148,6 +148,7 @@ def server() -> Iterator[Server]:
     s.httpd.server_close()
 
 
+@pytest.mark.e2e
 def test_fetch_errors(server: Server) -> None:
     server.body = b"<html>"
     with pytest.raises(FetchError, match="not JSON"):
@@ -173,6 +174,7 @@ def _text(app, widget_id: str) -> str:
     return str(app.query_one(f"#{widget_id}", Static).render())
 
 
+@pytest.mark.e2e
 def test_app_shows_the_node_and_survives_errors(server: Server, mixed: dict) -> None:
     pytest.importorskip("textual")
     from exporter.top.app import TopApp
@@ -246,6 +248,7 @@ def test_top_is_a_subcommand_with_its_own_help(capsys: pytest.CaptureFixture[str
     assert exit_.value.code == 2
 
 
+@pytest.mark.e2e
 def test_the_daemon_does_not_import_textual() -> None:
     import subprocess
     code = ("import sys, exporter.shell.cli, exporter.top.command, exporter.top.rows; "
@@ -316,6 +319,7 @@ def prometheus() -> Iterator[FakePrometheus]:
     s.httpd.server_close()
 
 
+@pytest.mark.e2e
 def test_cluster_rows(prometheus: FakePrometheus) -> None:
     from exporter.top.prom import build_cluster_view, fetch_cluster
     view = build_cluster_view(fetch_cluster(prometheus.url, 2))
@@ -330,6 +334,7 @@ def test_cluster_rows(prometheus: FakePrometheus) -> None:
     assert "no kube-gpu-exporter recorded series" in build_cluster_view({}).message
 
 
+@pytest.mark.e2e
 def test_cluster_fetch_errors(server: Server) -> None:
     from exporter.top.prom import query
     server.body = b'{"status": "error", "error": "parse error"}'
@@ -342,6 +347,7 @@ def test_cluster_fetch_errors(server: Server) -> None:
         query("http://127.0.0.1:1", "up", 2)
 
 
+@pytest.mark.e2e
 def test_cluster_app(prometheus: FakePrometheus) -> None:
     pytest.importorskip("textual")
     from exporter.top.app import ClusterApp

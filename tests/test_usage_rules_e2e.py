@@ -33,6 +33,8 @@ from tests.prom_support import PROMETHEUS, SCENARIOS, Labels, query, rule_health
 from tests.test_rules import COUNTER_SERIES
 from tests.test_rules_e2e import CONTAINERS, INFER_A, INFER_B, NB_A, NB_B, NODES, TRAIN0, TRAIN1, with_k8s_copies
 
+pytestmark = pytest.mark.e2e  # every test here starts a server
+
 WINDOW = "20s"
 REL_TOL = 0.03
 WATTS = 100.0  # every e2e device's power_usage_milliwatts / 1000

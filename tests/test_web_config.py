@@ -149,6 +149,7 @@ def tls_section(pki: Path, **extra: str) -> dict:
     return {"cert_file": str(pki / "server.crt"), "key_file": str(pki / "server.key"), **extra}
 
 
+@pytest.mark.e2e
 def test_https_with_basic_auth_plain_http_refused_and_certificate_rotation(pki: Path, start, tmp_path: Path):
     live = tmp_path / "live"
     live.mkdir()
@@ -195,6 +196,7 @@ def test_https_with_basic_auth_plain_http_refused_and_certificate_rotation(pki: 
     assert "Traceback" not in out and "SSL handshake" not in out
 
 
+@pytest.mark.e2e
 def test_required_client_certificate(pki: Path, start):
     exp = start({"tls_server_config": tls_section(pki, client_ca_file=str(pki / "ca.crt"),
                                                   client_auth_type="RequireAndVerifyClientCert",
@@ -211,6 +213,7 @@ def test_required_client_certificate(pki: Path, start):
         get(exp.url + "/metrics", old)
 
 
+@pytest.mark.e2e
 def test_optional_client_certificate_verified_if_given(pki: Path, start):
     exp = start({"tls_server_config": tls_section(pki, client_ca_file=str(pki / "ca.crt"),
                                                   client_auth_type="VerifyClientCertIfGiven")})
@@ -240,6 +243,7 @@ BAD = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("web", "words"), BAD, ids=[w for _, w in BAD])
 def test_malformed_web_config_is_one_line_exit_2(tmp_path: Path, capsys, web, words: str):
     path = tmp_path / "web.yml"
@@ -252,6 +256,7 @@ def test_malformed_web_config_is_one_line_exit_2(tmp_path: Path, capsys, web, wo
     assert words in err
 
 
+@pytest.mark.e2e
 def test_malformed_web_config_from_the_environment_exits_2(tmp_path: Path):
     path = tmp_path / "web.yml"
     path.write_text("tls_server_config: [not, a, mapping]\n")
@@ -299,6 +304,7 @@ def test_successful_verifications_are_cached_failures_are_not():
     asyncio.run(go())
 
 
+@pytest.mark.e2e
 def test_a_broken_rotation_keeps_the_previous_certificate(pki: Path, tmp_path: Path, caplog):
     for ext in ("crt", "key"):
         (tmp_path / f"tls.{ext}").write_bytes((pki / f"server.{ext}").read_bytes())

@@ -30,6 +30,8 @@ import yaml
 from exporter import __version__
 from tests.release_support import BASE_PYTHON, ROOT, checkout_files, offline_pip_env, run
 
+pytestmark = pytest.mark.e2e  # every test here starts git
+
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 HOOK = "import sys; from setuptools import build_meta as b; print(getattr(b, sys.argv[1])(sys.argv[2]))"
 NAME = f"kube_gpu_exporter-{__version__}"

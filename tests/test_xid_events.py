@@ -237,6 +237,7 @@ def make_writer(double: ApiServerDouble, **kw) -> EventsWriter:
     return EventsWriter(kube_api_for(double), backoff_base=0.01, backoff_max=0.05, **kw)
 
 
+@pytest.mark.e2e
 def test_writer_creates_and_patches(double: ApiServerDouble) -> None:
     planner = EventPlanner("tok", 0.0, PlannerConfig(patch_interval_seconds=5, rate=10, burst=10))
     writer = make_writer(double)
@@ -253,6 +254,7 @@ def test_writer_creates_and_patches(double: ApiServerDouble) -> None:
         writer.close()
 
 
+@pytest.mark.e2e
 def test_writer_retries_server_errors_with_backoff(double: ApiServerDouble) -> None:
     planner = EventPlanner("tok", 0.0)
     writer = make_writer(double)
@@ -267,6 +269,7 @@ def test_writer_retries_server_errors_with_backoff(double: ApiServerDouble) -> N
         writer.close()
 
 
+@pytest.mark.e2e
 def test_writer_does_not_retry_invalid_and_counts_failure(double: ApiServerDouble) -> None:
     (create,) = EventPlanner("tok", 0.0).observe(occ(), 0.0)
     bad = CreateEvent(create.name, {**create.body, "reason": "x" * 200})
@@ -279,6 +282,7 @@ def test_writer_does_not_retry_invalid_and_counts_failure(double: ApiServerDoubl
         writer.close()
 
 
+@pytest.mark.e2e
 def test_writer_recreates_a_vanished_event_on_patch(double: ApiServerDouble) -> None:
     planner = EventPlanner("tok", 0.0, PlannerConfig(patch_interval_seconds=0, rate=10, burst=10))
     planner.observe(occ(), 0.0)  # its create is never sent: the object does not exist
@@ -293,6 +297,7 @@ def test_writer_recreates_a_vanished_event_on_patch(double: ApiServerDouble) -> 
         writer.close()
 
 
+@pytest.mark.e2e
 def test_writer_never_blocks_and_counts_queue_drops(double: ApiServerDouble) -> None:
     gate = threading.Event()
 
@@ -311,6 +316,7 @@ def test_writer_never_blocks_and_counts_queue_drops(double: ApiServerDouble) -> 
         writer.close()
 
 
+@pytest.mark.e2e
 def test_writer_start_stop(double: ApiServerDouble) -> None:
     writer = EventsWriter(kube_api_for(double))
     writer.start()
@@ -322,6 +328,7 @@ def test_writer_start_stop(double: ApiServerDouble) -> None:
     assert not writer.submit(create) and writer.counts().dropped == 1  # closed: refused, counted
 
 
+@pytest.mark.e2e
 def test_writer_survives_an_unreachable_server(double: ApiServerDouble) -> None:
     writer = make_writer(double, max_attempts=3)
     try:

@@ -162,6 +162,7 @@ def test_garbage_never_stops_the_watcher(tmp_path: Path, stop_later: list) -> No
 # ---------------------------------------------------------------- restart safety
 
 
+@pytest.mark.e2e
 def test_history_is_not_reemitted_but_feeds_the_gpu_map(tmp_path: Path, double: ApiServerDouble,
                                                        stop_later: list) -> None:
     path = tmp_path / "kmsg"
@@ -298,6 +299,7 @@ def test_resolver_errors_are_counted_not_fatal(tmp_path: Path, stop_later: list)
 # ---------------------------------------------------------------- events through the real client
 
 
+@pytest.mark.e2e
 def test_variants_become_valid_events(double: ApiServerDouble, stop_later: list) -> None:
     writer = writer_for(double)
     stop_later.append(writer)
@@ -320,6 +322,7 @@ def test_variants_become_valid_events(double: ApiServerDouble, stop_later: list)
     assert w.stats().events_posted == len(EXPECTED_VARIANTS)
 
 
+@pytest.mark.e2e
 def test_repeats_patch_one_series(tmp_path: Path, double: ApiServerDouble, stop_later: list) -> None:
     clock = FakeClock()
     path = tmp_path / "kmsg"
@@ -354,6 +357,7 @@ def storm(path: Path, n: int) -> None:
                              pid=pids[(i // 40) % 4]))
 
 
+@pytest.mark.e2e
 def test_storm_of_10000_xids_is_rate_limited(tmp_path: Path, double: ApiServerDouble,
                                              stop_later: list) -> None:
     clock = FakeClock()
