@@ -1,23 +1,23 @@
 """The device field table (exporter/exposition/device_fields.py): consistent with the model, dcgm-exporter's
 CSV and the docs, whose generated section it writes.
 
-``UPDATE_DOCS=1 .venv/bin/python -m pytest tests/test_device_fields.py`` rewrites the generated table of
-docs/metrics.md and the fake NVML's key table of docs/testing.md after a change of the table.
+scripts/generate.sh rewrites the generated tables of docs/metrics.md (exporter/shell/generate.py lists them)
+after a change of the table; ``UPDATE_DOCS=1 .venv/bin/python -m pytest tests/test_device_fields.py`` the fake
+NVML's key table of docs/testing.md.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from exporter.exposition.dcgm import dcgm_markdown
-from exporter.exposition.device_fields import DEVICE_FIELDS, DOC_SECTIONS, fields_markdown
+from exporter.exposition.device_fields import DEVICE_FIELDS
 from exporter.model import DeviceHealth, DeviceSample, GpmSample
+from exporter.shell.generate import METRICS_TABLES, section_pattern
 from tests.test_dcgm_compat import csv_fields
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,28 +26,11 @@ GOLDEN = ROOT / "tests" / "golden" / "families.txt"
 TESTING_DOC = ROOT / "docs" / "testing.md"
 
 
-def generated(section: str) -> re.Pattern[str]:
-    return re.compile(rf"(<!-- BEGIN generated from exporter/exposition/device_fields.py: {section} [^\n]*-->\n)(.*?)"
-                      r"(<!-- END generated -->)", re.S)
-
-
-# generated section of docs/metrics.md -> its text
-TABLES: dict[str, Callable[[], str]] = {
-    **{section: (lambda section=section: fields_markdown(section)) for section in DOC_SECTIONS}, "dcgm": dcgm_markdown}
-
-
-@pytest.mark.parametrize("section", sorted(TABLES))
+@pytest.mark.parametrize("section", sorted(METRICS_TABLES))
 def test_docs_tables_are_generated_from_the_table(section: str) -> None:
-    text = DOC.read_text()
-    m = generated(section).search(text)
+    m = section_pattern(section).search(DOC.read_text())
     assert m, f"docs/metrics.md lost its generated {section} table (BEGIN/END markers)"
-    if os.environ.get("UPDATE_DOCS"):
-        text = text[:m.start(2)] + TABLES[section]() + text[m.end(2):]
-        DOC.write_text(text)
-        m = generated(section).search(text)
-        assert m
-    assert m.group(2) == TABLES[section](), "stale: rerun with UPDATE_DOCS=1 (see this module's docstring)"
-
+    assert m.group(2) == METRICS_TABLES[section](), "stale: run scripts/generate.sh"
 
 
 def test_fake_keys_of_the_testing_docs_are_generated() -> None:
