@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from exporter.bundle.option_table import CONTROL_WHY, Option, has_control, options_dataclass
+from exporter.bundle.option_table import CONTROL_WHY, Option, options_dataclass, unprintable
 from exporter.exposition.label_names import FIXED_LABELS as FIXED_LABELS  # public here too
 from exporter.exposition.label_names import check_label_names
 from exporter.model import one_line
@@ -128,7 +128,7 @@ def parse_key_values(items: Sequence[str], flag: str, error: Error) -> dict[str,
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise error(f"{flag}: {item!r} must look like key=value")
-        if has_control(item):
+        if unprintable(item):
             raise error(f"{flag}: {item!r} {CONTROL_WHY}")
         out[key] = value
     return out

@@ -8,8 +8,9 @@ threshold is one edit (tests/test_option_table.py). The tables: the label flags 
 (``LABEL_OPTIONS``, exporter/bundle/common.py), ``RULE_OPTIONS`` (rules.py), ``ALERT_OPTIONS``
 (alerts/options.py) and ``DASHBOARD_OPTIONS`` (dashboards/options.py).
 
-A free-text entry (``free_text``) refuses control characters and line separators: the value is
-echoed in a generated file's one-line header (and its YAML), where a newline would end the comment.
+A free-text entry (``free_text``) refuses control characters, line separators and anything else not
+printable: the value is echoed in a generated file's one-line header (and its YAML), where a newline
+would end the comment.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Option:
     why: str = ""  # the refusal after "<flag>: <value!r> " when ``check`` says no
     # The refusal of a value (after "<flag>: "), or None: for a message that must say more than ``why``.
     refuse: Callable[[Any], str | None] | None = None
-    free_text: bool = False  # refuse control characters (in each item of a tuple or dict, keys too)
+    free_text: bool = False  # refuse unprintable characters (in each item of a tuple or dict, keys too)
     store_false: bool = False  # a ``--no-...`` flag turning a default True off
     repeat: bool = False  # a repeatable flag (argparse's append); its items, then ``convert``
     metavar: str | None = None  # a repeatable flag's item, in --help and in the docs row
@@ -107,12 +108,13 @@ def _texts(value: Any) -> list[str]:
     return [str(x) for x in value] if isinstance(value, tuple | list) else [str(value)]
 
 
-def has_control(text: str) -> bool:
-    """Whether ``text`` holds a control character or a line separator (it would not stay one line)."""
-    return one_line(text) != text
+def unprintable(text: str) -> bool:
+    """Whether ``text`` holds a character ``str.isprintable`` refuses: a control character, a line or
+    paragraph separator, a format character, an unassigned code point (which YAML refuses: U+FFFF)."""
+    return not text.isprintable()
 
 
-CONTROL_WHY = "must be one line of text (no control characters)"
+CONTROL_WHY = "must be one line of printable text (no control characters)"
 
 
 def check_options(opts: object, table: Sequence[Option], error: Error) -> None:
@@ -122,7 +124,7 @@ def check_options(opts: object, table: Sequence[Option], error: Error) -> None:
     """
     for o in table:
         value, name = getattr(opts, o.attr), o.flag or o.attr
-        if o.free_text and value is not None and any(map(has_control, _texts(value))):
+        if o.free_text and value is not None and any(map(unprintable, _texts(value))):
             raise error(f"{name}: {value!r} {CONTROL_WHY}")
         if o.check is not None and not o.check(value):
             raise error(f"{name}: {value!r} {o.why}")
