@@ -356,7 +356,7 @@ def test_hami_any_annotation_places_only_on_listed_gpus(annotation, n_init, n_ma
 
 @pytest.mark.parametrize("labels,ids,scheme,compute", [
     ({"nvidia.com/gpu.sharing-strategy": "time-slicing"}, ("GPU-0::0",), "nvidia-time-slicing", None),
-    ({}, ("GPU-0::3",), "nvidia-time-slicing", None),
+    ({}, ("GPU-0::3",), "nvidia-shared", None),  # replicas, no GFD label: shared, the mode not guessed
     ({"nvidia.com/gpu.sharing-strategy": "mps", "nvidia.com/gpu.replicas": "4"}, ("GPU-0::1",),
      "nvidia-mps", 25.0),
 ])

@@ -16,7 +16,6 @@ from exporter.attribution.schemes.base import (
     amount,
     card_memory_limit,
     index_list,
-    within,
 )
 from exporter.model import ContainerInfo, PodInfo
 
@@ -28,16 +27,28 @@ VCUDA_IDX_PREFIX = "tencent.com/predicate-gpu-idx-"
 
 
 def claims(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> bool:
+    """A container gpu-manager hands a GPU: ``vcuda-core`` above 0 (pkg/utils/util.go IsGPURequiredContainer).
+
+    ``vcuda-core: "0"`` (gpu-manager's tests give every GPU-less container that limit) or memory without cores
+    holds nothing. An absurd quantity is still claimed, so that ``allocate`` drops and counts it.
+    """
     if c.init:
         return False  # the scheme's indices and the kubelet's device reuse cover regular containers only
-    return amount(c, VCUDA_CORE) is not None or bool(amount(c, VCUDA_MEM))
+    core, mem_units = amount(c, VCUDA_CORE) or 0.0, amount(c, VCUDA_MEM) or 0.0
+    return core > 0 or not _in_range(node, core, mem_units)
+
+
+def _in_range(node: NodeContext, core: float, mem_units: float) -> bool:
+    """At most what this node's GPUs hold: 100 cores and a card's memory per GPU."""
+    return core <= 100 * len(node.devices) and (
+        mem_units * VCUDA_MEMORY_UNIT <= card_memory_limit(node) * max(1, len(node.devices)))
 
 
 def allocate(node: NodeContext, pod: PodInfo, c: ContainerInfo) -> list[Allocation]:
     core = amount(c, VCUDA_CORE) or 0.0
     mem_units = amount(c, VCUDA_MEM) or 0.0
-    if not within(node, core, 100 * len(node.devices)) or not within(
-            node, mem_units * VCUDA_MEMORY_UNIT, card_memory_limit(node) * max(1, len(node.devices))):
+    if not _in_range(node, core, mem_units):
+        node.skip("quantity_out_of_range")
         return []  # more than the node's GPUs hold: a hostile or broken quantity
     memory = int(mem_units * VCUDA_MEMORY_UNIT) if mem_units else None
     idx = index_list(pod.annotations.get(f"{VCUDA_IDX_PREFIX}{c.index}", ""))
