@@ -271,6 +271,35 @@ def test_a_lying_annotations_grant_is_counted_once() -> None:
     assert sum(v for _, v in rows(s, "nvidia_gpu_gpu_sharing_memory", **OCR)) == 6 * GIB
 
 
+# ---- 9. NVIDIA time-slicing: several replicas of one GPU, time-sliced MIG devices (issue 25) ---
+
+TS_CARD = "GPU-7c3e5a91-d2b4-4f86-a0c8-1e9b3d5f7a20"
+TS_MIG_A, TS_MIG_B = "MIG-4b8d2f6a-1c3e-5a7b-9d0f-2e4a6c8b0d10", "MIG-4b8d2f6a-1c3e-5a7b-9d0f-2e4a6c8b0d11"
+
+
+def test_realworld_timeslicing_replicas() -> None:
+    s = scrape("realworld-timeslicing-replicas.yaml")
+    held = [(TS_CARD, who("research", "llm-eval-packed-0", "eval"), 22 * GIB),  # replicas ::0 and ::1: one GPU
+            (TS_CARD, who("research", "notebook-ts-7f9c8", "jupyter"), 8 * GIB),
+            (TS_MIG_A, who("serving", "whisper-mig-both-5d6e", "whisper"), 6 * GIB),  # both replicas of one MIG
+            (TS_MIG_B, who("serving", "embed-mig-one-8a9b", "embed"), 3 * GIB)]
+    for uuid, pod, used in held:
+        assert one(s, "nvidia_gpu_memory_used_bytes", allocate_mode="share", **pod) == used
+        assert one(s, "nvidia_gpu_memory_used_bytes", uuid=uuid, allocate_mode="share", **pod) == used
+    assert modes(s, TS_CARD) == modes(s, TS_MIG_A) == modes(s, TS_MIG_B) == {"None", "share"}
+    # time-slicing grants no fixed share, and nothing is refused as out of range
+    assert rows(s, "nvidia_gpu_allocated_compute_percent") == rows(s, "nvidia_gpu_allocated_memory_bytes") == []
+    assert rows(s, "kube_gpu_exporter_skips_total") == []
+    assert rows(s, "nvidia_gpu_unaccounted_process_memory_used_bytes") == []
+    # replicas of one device are that device: no second, unplaced allocation for eval or whisper
+    daemon = build_daemon(load_config(["--simulate", str(EXAMPLES / "realworld-timeslicing-replicas.yaml")]))
+    try:
+        snapshot, _ = daemon.pipeline.step()
+    finally:
+        daemon.close()
+    assert list(snapshot.status["unplaced"]) == []
+
+
 # ---- through the real CLI --------------------------------------------------------------------
 
 @pytest.mark.e2e
