@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from exporter.exposition.device_fields import DEVICE_FIELDS
-from tests.fake_nvml import build_fake_nvml, subprocess_env, write_config
+from tests.fake_nvml import subprocess_env, write_config
 
 pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
 
@@ -19,9 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "examples" / "mig-a100-node.yaml"
 
 
-def test_device_check_reads_every_device_through_the_real_backend(tmp_path: Path) -> None:
+def test_device_check_reads_every_device_through_the_real_backend(lib: Path, tmp_path: Path) -> None:
     scenario = yaml.safe_load(SCENARIO.read_text())
-    lib = build_fake_nvml(tmp_path / "lib")
     env = subprocess_env(lib.parent, write_config(scenario, tmp_path / "fake.conf"))
     env["OUT"] = str(tmp_path / "out")
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "device-check.py"), "--no-load"], env=env,
@@ -36,13 +35,12 @@ def test_device_check_reads_every_device_through_the_real_backend(tmp_path: Path
     assert report["driver_version"]
 
 
-def test_device_check_reads_every_health_call_and_checks_the_backend_against_it(tmp_path: Path) -> None:
+def test_device_check_reads_every_health_call_and_checks_the_backend_against_it(lib: Path, tmp_path: Path) -> None:
     from tests.test_nvml_health import H100
 
     t4 = {"uuid": "GPU-c1000000-0000-4000-8000-000000000000", "name": "Tesla T4", "memory_total_bytes": 16 << 30,
           "memory_used_bytes": 1 << 30, "retired_pages_single_bit": 2, "retired_pages_pending": 0}
     scenario = {"node": "n", "devices": [H100, t4]}
-    lib = build_fake_nvml(tmp_path / "lib")
     env = subprocess_env(lib.parent, write_config(scenario, tmp_path / "fake.conf"))
     env["OUT"] = str(tmp_path / "out")
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "device-check.py"), "--no-load"], env=env,

@@ -7,10 +7,8 @@ import copy
 from pathlib import Path
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.shell.cli import build_daemon
-from exporter.shell.config import load_config
+from tests.simulated import render_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "examples" / "dra-sharing-node.yaml"
@@ -18,19 +16,6 @@ G0, G1, G2 = (f"GPU-d5a00000-0000-4000-8000-00000000000{i}" for i in range(3))
 GIB = 1 << 30
 
 
-def render(doc: dict, tmp_path: Path) -> dict:
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    daemon = build_daemon(load_config(["--simulate", str(path)]))
-    try:
-        snapshot, _ = daemon.pipeline.step()
-    finally:
-        daemon.close()
-    out: dict = {}
-    for fam in text_string_to_metric_families(snapshot.body.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
 
 
 def rows(m: dict, name: str) -> list[tuple]:
@@ -62,7 +47,7 @@ def doc() -> dict:
 
 
 def test_from_pods_claims_and_slices(tmp_path: Path) -> None:
-    check(render(doc(), tmp_path))
+    check(render_doc(doc(), tmp_path))
 
 
 def test_kubelet_lists_the_claims(tmp_path: Path) -> None:
@@ -82,13 +67,13 @@ def test_kubelet_lists_the_claims(tmp_path: Path) -> None:
          "containers": [{"name": "cuda-container",
                          "dynamic_resources": [entry(full, "gpu-full-pod-extended-resources-x7k9m", ["gpu-2"])]}]},
     ]
-    check(render(d, tmp_path))
+    check(render_doc(d, tmp_path))
 
 
 def test_before_the_fix_the_device_plugin_would_have_claimed_it(tmp_path: Path) -> None:
     """Without its extendedResourceClaimStatus the pod is a device plugin's, unplaced: the status decides."""
     d = doc()
     del d["pods"][1]["status"]["extendedResourceClaimStatus"]
-    m = render(d, tmp_path)
+    m = render_doc(d, tmp_path)
     assert ("gpu-full-pod", "cuda-container", G2, "exclusive", "nvidia", 100.0) in rows(
         m, "nvidia_gpu_allocated_compute_percent")

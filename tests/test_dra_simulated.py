@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.node.simulate import ScenarioError, parse_scenario
-from exporter.shell.cli import build_daemon
-from exporter.shell.config import load_config
+from tests.simulated import render_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "examples" / "dra-node.yaml"
@@ -18,19 +16,6 @@ G0, G2 = "GPU-d0000000-0000-4000-8000-000000000000", "GPU-d0000000-0000-4000-800
 M1 = "MIG-d1000000-0000-5000-8000-000000000001"
 
 
-def render(doc: dict, tmp_path: Path) -> dict:
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    daemon = build_daemon(load_config(["--simulate", str(path)]))
-    try:
-        snapshot, _ = daemon.pipeline.step()
-    finally:
-        daemon.close()
-    out: dict = {}
-    for fam in text_string_to_metric_families(snapshot.body.decode()):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
 
 
 def allocations(m: dict) -> list[tuple]:
@@ -63,7 +48,7 @@ def doc() -> dict:
 
 
 def test_1_34_kubelet_lists_the_claims(tmp_path: Path):
-    check(render(doc(), tmp_path))
+    check(render_doc(doc(), tmp_path))
 
 
 def test_1_33_without_the_gate_from_pods_and_claims(tmp_path: Path):
@@ -71,9 +56,9 @@ def test_1_33_without_the_gate_from_pods_and_claims(tmp_path: Path):
     for p in d["pod_resources"]:
         for c in p["containers"]:
             del c["dynamic_resources"]
-    check(render(d, tmp_path))
+    check(render_doc(d, tmp_path))
     del d["pod_resources"]  # no pod-resources socket at all
-    check(render(d, tmp_path))
+    check(render_doc(d, tmp_path))
 
 
 def test_1_35_share_id_changes_nothing(tmp_path: Path):
@@ -83,7 +68,7 @@ def test_1_35_share_id_changes_nothing(tmp_path: Path):
             for r in c["dynamic_resources"]:
                 for cr in r["claim_resources"]:
                     cr["share_id"] = "7f3c1f9e-52c0-4c62-9a0d-3a8d2f3e0b11"
-    check(render(d, tmp_path))
+    check(render_doc(d, tmp_path))
 
 
 def test_two_containers_of_one_pod_naming_one_claim_share_its_grant(tmp_path: Path):
@@ -96,7 +81,7 @@ def test_two_containers_of_one_pod_naming_one_claim_share_its_grant(tmp_path: Pa
                                                     "dynamic_resources"]})
     cgroup = d["devices"][0]["processes"][0]["cgroup"].replace("1" * 64, "6" * 64)
     d["devices"][0]["processes"].append({"pid": 8006, "used_memory_bytes": 1 << 30, "sm_util": 5, "cgroup": cgroup})
-    m = render(d, tmp_path)
+    m = render_doc(d, tmp_path)
     got = [a for a in allocations(m) if a[0] == "train-0"]
     assert got == [("train-0", "logger", G0, "share", "dra-shared", 50.0),
                    ("train-0", "trainer", G0, "share", "dra-shared", 50.0)]
@@ -108,7 +93,7 @@ def test_bad_dra_input_is_counted_not_fatal(tmp_path: Path):
     d["resource_slices"][0]["spec"]["devices"][2]["attributes"] = {"type": {"string": "gpu"}}  # gpu-2 unidentified
     d["resource_claims"][0]["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-7"  # on no slice
     d["pod_resources"][0]["containers"][0]["dynamic_resources"][0]["claim_resources"][0]["device_name"] = "gpu-7"
-    m = render(d, tmp_path)
+    m = render_doc(d, tmp_path)
     skips = {lb["reason"]: v for lb, v in m["kube_gpu_exporter_skips_total"]}
     assert skips["dra_device_attributes_unknown"] == 1 and skips["dra_device_unmapped"] == 3
     assert allocations(m) == [EXPECTED[0]]

@@ -32,11 +32,6 @@ GPU = {"uuid": "GPU-1", "name": "Fake GPU", "memory_total_bytes": 100, "memory_u
        "processes": [{"pid": 7, "used_memory_bytes": 10, "sm_util": 50}]}
 
 
-@pytest.fixture(scope="session")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
-
-
 @pytest.fixture
 def loaded(lib: Path, tmp_path: Path) -> Iterator[tuple[FakeNvml, Path]]:
     config = write_config({"devices": [GPU]}, tmp_path / "fake.cfg")
@@ -316,8 +311,8 @@ def test_mig_mode_and_memory_v2_as_nvitop_reads_them(loaded: tuple[FakeNvml, Pat
 
 
 @pytest.mark.e2e
-def test_old_driver_build_lacks_memory_info_v2(tmp_path: Path) -> None:
-    old = build_fake_nvml(tmp_path / "old", old_driver=True)
+def test_old_driver_build_lacks_memory_info_v2(fake_libs: dict[str, Path], tmp_path: Path) -> None:
+    old = fake_libs["old"]
     with fake_nvml_loaded(old, write_config({"devices": [GPU]}, tmp_path / "o.cfg")):
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fake_nvml import FakeNvml, FakeNvmlError, build_fake_nvml, config_text, fake_nvml_loaded, subprocess_env
+from tests.fake_nvml import FakeNvml, FakeNvmlError, config_text, fake_nvml_loaded, subprocess_env
 from tests.fake_nvml.health_config import GPM_KEYS, HEALTH_INTS, HEALTH_KEYS, NVLINK_VALUES, scalar_values
 from tests.fake_nvml.health_readers import NS, READERS, REMAPPED, expected, read_all
 
@@ -36,11 +36,6 @@ FULL = {
     "gpm": {"graphics_active": 0.5, "sm_active": 0.25, "sm_occupancy": 0.125, "tensor_active": 0.0, "dram_active": 1},
 }
 PLAIN = {"uuid": "GPU-P", "name": "Tesla T4", "memory_total_bytes": 100, "memory_used_bytes": 10}
-
-
-@pytest.fixture(scope="session")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
 
 
 @contextmanager
@@ -254,8 +249,8 @@ def test_retired_pages_answer_the_size_probe(lib: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_old_driver_lacks_gpm_but_has_the_rest(lib: Path, tmp_path: Path) -> None:
-    old = build_fake_nvml(tmp_path / "old", old_driver=True)
+def test_old_driver_lacks_gpm_but_has_the_rest(fake_libs: dict[str, Path], tmp_path: Path) -> None:
+    lib, old = fake_libs["current"], fake_libs["old"]
     for library in (old, lib):  # the old build, and the normal one told old_driver
         with initialised(library, {"nvml": {"clock": "manual", "old_driver": True}, "devices": [FULL]}):
             h = pynvml.nvmlDeviceGetHandleByIndex(0)

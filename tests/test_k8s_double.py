@@ -8,7 +8,6 @@ import json
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,19 +33,13 @@ EV_PATH = "/apis/events.k8s.io/v1/namespaces/default/events"
 
 
 @pytest.fixture
-def api() -> Iterator[ApiServerDouble]:
-    with ApiServerDouble() as double:
-        yield double
+def v1(double: ApiServerDouble) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client_for(double))
 
 
 @pytest.fixture
-def v1(api: ApiServerDouble) -> client.CoreV1Api:
-    return client.CoreV1Api(api_client_for(api))
-
-
-@pytest.fixture
-def events(api: ApiServerDouble) -> client.EventsV1Api:
-    return client.EventsV1Api(api_client_for(api))
+def events(double: ApiServerDouble) -> client.EventsV1Api:
+    return client.EventsV1Api(api_client_for(double))
 
 
 def stream(v1: client.CoreV1Api, **kwargs: Any) -> list[dict[str, Any]]:
@@ -54,10 +47,10 @@ def stream(v1: client.CoreV1Api, **kwargs: Any) -> list[dict[str, Any]]:
     return list(watch.Watch().stream(v1.list_pod_for_all_namespaces, **kwargs))
 
 
-def raw(api: ApiServerDouble, method: str, path: str, body: Any = None, ctype: str = "application/json"):
+def raw(double: ApiServerDouble, method: str, path: str, body: Any = None, ctype: str = "application/json"):
     """(status, parsed JSON) for a raw request, bypassing client-side model validation."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(api.url + path, data=data, method=method, headers={"Content-Type": ctype})
+    req = urllib.request.Request(double.url + path, data=data, method=method, headers={"Content-Type": ctype})
     try:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return resp.status, json.loads(resp.read())
@@ -87,23 +80,23 @@ def node_event(**overrides: Any) -> dict[str, Any]:
 # ------------------------------------------------------------------ pods: list and watch
 
 
-def test_list_filters_by_node_and_returns_typed_objects(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.add_pod(make_pod("a", node=NODE))
-    api.add_pod(make_pod("b", node="other-node"))
-    api.add_pod(make_pod("c", node=NODE, namespace="ml"))
+def test_list_filters_by_node_and_returns_typed_objects(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.add_pod(make_pod("a", node=NODE))
+    double.add_pod(make_pod("b", node="other-node"))
+    double.add_pod(make_pod("c", node=NODE, namespace="ml"))
     pods = v1.list_pod_for_all_namespaces(field_selector=SEL)
     assert sorted(p.metadata.name for p in pods.items) == ["a", "c"]
-    assert pods.metadata.resource_version == str(api.resource_version)
+    assert pods.metadata.resource_version == str(double.resource_version)
     ns_pods = v1.list_namespaced_pod("ml", field_selector=SEL)
     assert [p.metadata.name for p in ns_pods.items] == ["c"]
     assert v1.read_namespaced_pod("a", "default").spec.node_name == NODE
 
 
-def test_watch_sees_add_modify_delete_in_order(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
+def test_watch_sees_add_modify_delete_in_order(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
     rv = v1.list_pod_for_all_namespaces(field_selector=SEL).metadata.resource_version
-    api.add_pod(make_pod("p", node=NODE))
-    api.mutate_pod("default", "p", lambda pod: pod["status"].update(phase="Succeeded"))
-    api.delete_pod("default", "p")
+    double.add_pod(make_pod("p", node=NODE))
+    double.mutate_pod("default", "p", lambda pod: pod["status"].update(phase="Succeeded"))
+    double.delete_pod("default", "p")
     seen = [
         (e["type"], e["object"].metadata.name, e["object"].status.phase)
         for e in watch.Watch().stream(
@@ -113,7 +106,7 @@ def test_watch_sees_add_modify_delete_in_order(api: ApiServerDouble, v1: client.
     assert seen == [("ADDED", "p", "Running"), ("MODIFIED", "p", "Succeeded"), ("DELETED", "p", "Succeeded")]
 
 
-def test_live_watch_receives_changes_made_while_streaming(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
+def test_live_watch_receives_changes_made_while_streaming(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
     rv = v1.list_pod_for_all_namespaces().metadata.resource_version
     got: list[str] = []
 
@@ -126,17 +119,17 @@ def test_live_watch_receives_changes_made_while_streaming(api: ApiServerDouble, 
 
     t = threading.Thread(target=consume)
     t.start()
-    poll_until(lambda: api.active_watches == 1)
-    api.add_pod(make_pod("live", node=NODE))
-    api.delete_pod("default", "live")
+    poll_until(lambda: double.active_watches == 1)
+    double.add_pod(make_pod("live", node=NODE))
+    double.delete_pod("default", "live")
     t.join(5)
     assert got == ["ADDED:live", "DELETED:live"]
 
 
-def test_pod_moving_out_of_selector_is_a_delete(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.add_pod(make_pod("mover", node=NODE))
+def test_pod_moving_out_of_selector_is_a_delete(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.add_pod(make_pod("mover", node=NODE))
     rv = v1.list_pod_for_all_namespaces(field_selector=SEL).metadata.resource_version
-    api.mutate_pod("default", "mover", lambda pod: pod["spec"].update(nodeName="elsewhere"))
+    double.mutate_pod("default", "mover", lambda pod: pod["spec"].update(nodeName="elsewhere"))
     seen = [
         e["type"]
         for e in watch.Watch().stream(
@@ -147,26 +140,26 @@ def test_pod_moving_out_of_selector_is_a_delete(api: ApiServerDouble, v1: client
 
 
 def test_watch_without_resource_version_starts_with_synthetic_adds(
-    api: ApiServerDouble, v1: client.CoreV1Api
+    double: ApiServerDouble, v1: client.CoreV1Api
 ) -> None:
-    api.add_pod(make_pod("existing", node=NODE))
+    double.add_pod(make_pod("existing", node=NODE))
     seen = [e["type"] for e in stream(v1, field_selector=SEL, timeout_seconds=1)]
     assert seen == ["ADDED"]
 
 
-def test_namespaced_watch_with_watch_1(api: ApiServerDouble) -> None:
-    api.add_pod(make_pod("a", namespace="ml"))
-    api.add_pod(make_pod("b", namespace="default"))
-    url = f"{api.url}/api/v1/namespaces/ml/pods?watch=1&timeoutSeconds=1"
+def test_namespaced_watch_with_watch_1(double: ApiServerDouble) -> None:
+    double.add_pod(make_pod("a", namespace="ml"))
+    double.add_pod(make_pod("b", namespace="default"))
+    url = f"{double.url}/api/v1/namespaces/ml/pods?watch=1&timeoutSeconds=1"
     with urllib.request.urlopen(url, timeout=5) as resp:
         lines = [json.loads(line) for line in resp.read().splitlines() if line]
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in lines] == [("ADDED", "a")]
 
 
-def test_watch_from_compacted_resource_version_gets_410(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
+def test_watch_from_compacted_resource_version_gets_410(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
     rv = v1.list_pod_for_all_namespaces().metadata.resource_version
-    api.add_pod(make_pod("p", node=NODE))
-    api.compact()
+    double.add_pod(make_pod("p", node=NODE))
+    double.compact()
     with pytest.raises(ApiException) as exc:
         stream(v1, resource_version=rv, timeout_seconds=1)
     assert exc.value.status == 410
@@ -175,8 +168,8 @@ def test_watch_from_compacted_resource_version_gets_410(api: ApiServerDouble, v1
     assert stream(v1, resource_version=current, timeout_seconds=1) == []
 
 
-def test_expire_next_watch_sends_error_event_with_status(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.expire_next_watch()
+def test_expire_next_watch_sends_error_event_with_status(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.expire_next_watch()
     resp = v1.list_pod_for_all_namespaces(watch=True, resource_version="1", _preload_content=False)
     lines = [json.loads(line) for line in resp.data.decode().splitlines() if line]
     assert len(lines) == 1
@@ -189,7 +182,7 @@ def test_expire_next_watch_sends_error_event_with_status(api: ApiServerDouble, v
 
 
 def test_watch_timeout_seconds_is_honoured_and_ends_with_bookmark(
-    api: ApiServerDouble, v1: client.CoreV1Api
+    double: ApiServerDouble, v1: client.CoreV1Api
 ) -> None:
     rv = v1.list_pod_for_all_namespaces().metadata.resource_version
     resp = v1.list_pod_for_all_namespaces(
@@ -201,7 +194,7 @@ def test_watch_timeout_seconds_is_honoured_and_ends_with_bookmark(
     assert lines[0]["object"]["metadata"]["resourceVersion"] == rv
 
 
-def test_close_watches_and_bookmarks(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
+def test_close_watches_and_bookmarks(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
     rv = v1.list_pod_for_all_namespaces().metadata.resource_version
     types: list[str] = []
 
@@ -217,18 +210,18 @@ def test_close_watches_and_bookmarks(api: ApiServerDouble, v1: client.CoreV1Api)
 
     t = threading.Thread(target=consume)
     t.start()
-    poll_until(lambda: api.active_watches == 1)
-    api.send_bookmark()
+    poll_until(lambda: double.active_watches == 1)
+    double.send_bookmark()
     poll_until(lambda: types == ["BOOKMARK"])
-    api.close_watches()
+    double.close_watches()
     t.join(5)
     assert not t.is_alive()
 
 
-def test_list_resource_version_semantics(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.add_pod(make_pod("first", node=NODE))
-    rv_first = str(api.resource_version)
-    api.add_pod(make_pod("second", node=NODE))
+def test_list_resource_version_semantics(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.add_pod(make_pod("first", node=NODE))
+    rv_first = str(double.resource_version)
+    double.add_pod(make_pod("second", node=NODE))
     exact = v1.list_pod_for_all_namespaces(resource_version=rv_first, resource_version_match="Exact")
     assert [p.metadata.name for p in exact.items] == ["first"]
     assert exact.metadata.resource_version == rv_first
@@ -237,19 +230,19 @@ def test_list_resource_version_semantics(api: ApiServerDouble, v1: client.CoreV1
     with pytest.raises(ApiException) as too_large:
         v1.list_pod_for_all_namespaces(resource_version="999999", resource_version_match="NotOlderThan")
     assert too_large.value.status == 504
-    api.compact()
+    double.compact()
     with pytest.raises(ApiException) as expired:
         v1.list_pod_for_all_namespaces(resource_version=rv_first, resource_version_match="Exact")
     assert expired.value.status == 410
     assert json.loads(expired.value.body)["reason"] == "Expired"
 
 
-def test_limit_and_continue_give_a_consistent_snapshot(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
+def test_limit_and_continue_give_a_consistent_snapshot(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
     for i in range(5):
-        api.add_pod(make_pod(f"p{i}", node=NODE))
+        double.add_pod(make_pod(f"p{i}", node=NODE))
     page1 = v1.list_pod_for_all_namespaces(limit=2)
     assert [p.metadata.name for p in page1.items] == ["p0", "p1"]
-    api.add_pod(make_pod("late", node=NODE))  # not in the snapshot being paged
+    double.add_pod(make_pod("late", node=NODE))  # not in the snapshot being paged
     names = [p.metadata.name for p in page1.items]
     token = page1.metadata._continue
     while token:
@@ -282,10 +275,10 @@ def test_selectors_accepted_or_rejected_like_the_server(
     assert exc.value.status == 400
 
 
-def test_label_selector_filters(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.add_pod(make_pod("web", labels={"app": "web", "tier": "a"}))
-    api.add_pod(make_pod("db", labels={"app": "db"}))
-    api.add_pod(make_pod("canary", labels={"app": "web", "canary": "1"}))
+def test_label_selector_filters(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.add_pod(make_pod("web", labels={"app": "web", "tier": "a"}))
+    double.add_pod(make_pod("db", labels={"app": "db"}))
+    double.add_pod(make_pod("canary", labels={"app": "web", "canary": "1"}))
 
     def names(sel: str) -> list[str]:
         return sorted(p.metadata.name for p in v1.list_pod_for_all_namespaces(label_selector=sel).items)
@@ -299,8 +292,8 @@ def test_label_selector_filters(api: ApiServerDouble, v1: client.CoreV1Api) -> N
 # ------------------------------------------------------------------ nodes, faults, recording
 
 
-def test_get_node(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.set_nodes([make_node(NODE, labels={"nvidia.com/gpu.sharing-strategy": "time-slicing"})])
+def test_get_node(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.set_nodes([make_node(NODE, labels={"nvidia.com/gpu.sharing-strategy": "time-slicing"})])
     node = v1.read_node(NODE)
     assert node.metadata.labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     with pytest.raises(ApiException) as exc:
@@ -309,30 +302,30 @@ def test_get_node(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
     assert [n.metadata.name for n in v1.list_node().items] == [NODE]
 
 
-def test_fail_next_requests(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.fail_next(2)
+def test_fail_next_requests(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.fail_next(2)
     for _ in range(2):
         with pytest.raises(ApiException) as exc:
             v1.list_pod_for_all_namespaces()
         assert exc.value.status == 500
         assert json.loads(exc.value.body)["kind"] == "Status"
     v1.list_pod_for_all_namespaces()
-    assert [r.status for r in api.requests] == [500, 500, 200]
+    assert [r.status for r in double.requests] == [500, 500, 200]
 
 
-def test_offline_and_back(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
-    api.add_pod(make_pod("p", node=NODE))
+def test_offline_and_back(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
+    double.add_pod(make_pod("p", node=NODE))
     v1.list_pod_for_all_namespaces()  # leaves a kept-alive connection in the client pool
-    port = api.port
-    with api.offline():
+    port = double.port
+    with double.offline():
         with pytest.raises(Exception) as exc:  # urllib3 raises several kinds here
             v1.list_pod_for_all_namespaces(_request_timeout=2)
         assert not isinstance(exc.value, ApiException)
-    assert api.port == port
+    assert double.port == port
     assert [p.metadata.name for p in v1.list_pod_for_all_namespaces().items] == ["p"]
 
 
-def test_offline_drops_open_watches(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
+def test_offline_drops_open_watches(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
     outcome: list[str] = []
 
     def consume() -> None:
@@ -344,28 +337,28 @@ def test_offline_drops_open_watches(api: ApiServerDouble, v1: client.CoreV1Api) 
 
     t = threading.Thread(target=consume)
     t.start()
-    poll_until(lambda: api.active_watches == 1)
-    api.go_offline()
+    poll_until(lambda: double.active_watches == 1)
+    double.go_offline()
     t.join(5)
     assert not t.is_alive() and outcome
-    api.come_back()
+    double.come_back()
 
 
-def test_requests_are_recorded_and_writes_counted(api: ApiServerDouble, events: client.EventsV1Api) -> None:
-    status, _ = raw(api, "POST", EV_PATH, node_event())
+def test_requests_are_recorded_and_writes_counted(double: ApiServerDouble, events: client.EventsV1Api) -> None:
+    status, _ = raw(double, "POST", EV_PATH, node_event())
     assert status == 201
     events.list_namespaced_event("default")
-    assert api.writes == 1
-    post = api.requests_to("POST")[0]
+    assert double.writes == 1
+    post = double.requests_to("POST")[0]
     assert post.path == EV_PATH
     assert post.body["reason"] == "XidError"
-    assert api.requests[-1].method == "GET"
+    assert double.requests[-1].method == "GET"
 
 
 # ------------------------------------------------------------------ events
 
 
-def test_event_created_through_the_real_client(api: ApiServerDouble, events: client.EventsV1Api) -> None:
+def test_event_created_through_the_real_client(double: ApiServerDouble, events: client.EventsV1Api) -> None:
     body = client.EventsV1Event(
         metadata=client.V1ObjectMeta(generate_name=f"{NODE}."),
         event_time=dt.datetime.now(dt.UTC),
@@ -382,10 +375,10 @@ def test_event_created_through_the_real_client(api: ApiServerDouble, events: cli
     assert created.metadata.resource_version
     got = events.read_namespaced_event(created.metadata.name, "default")
     assert got.reason == "XidError"
-    assert [e["metadata"]["name"] for e in api.events(EVENTS_V1)] == [created.metadata.name]
+    assert [e["metadata"]["name"] for e in double.events(EVENTS_V1)] == [created.metadata.name]
 
 
-def test_core_v1_event_created(api: ApiServerDouble, v1: client.CoreV1Api) -> None:
+def test_core_v1_event_created(double: ApiServerDouble, v1: client.CoreV1Api) -> None:
     body = client.CoreV1Event(
         metadata=client.V1ObjectMeta(name="n1.xid"),
         involved_object=client.V1ObjectReference(kind="Node", name=NODE, uid=NODE),
@@ -395,14 +388,14 @@ def test_core_v1_event_created(api: ApiServerDouble, v1: client.CoreV1Api) -> No
         source=client.V1EventSource(component="gpu-exporter", host=NODE),
     )
     v1.create_namespaced_event("default", body)
-    assert [e["reason"] for e in api.events(CORE_V1)] == ["XidError"]
+    assert [e["reason"] for e in double.events(CORE_V1)] == ["XidError"]
     assert v1.list_namespaced_event("default").items[0].message == "Xid 79"
 
 
-def test_duplicate_name_is_409(api: ApiServerDouble) -> None:
+def test_duplicate_name_is_409(double: ApiServerDouble) -> None:
     ev = node_event(metadata={"name": "fixed"})
-    assert raw(api, "POST", EV_PATH, ev)[0] == 201
-    status, body = raw(api, "POST", EV_PATH, ev)
+    assert raw(double, "POST", EV_PATH, ev)[0] == 201
+    status, body = raw(double, "POST", EV_PATH, ev)
     assert status == 409
     assert body["reason"] == "AlreadyExists" and body["details"]["name"] == "fixed"
 
@@ -432,41 +425,41 @@ INVALID_V1 = [
     ("field", "override", "cause_reason"), INVALID_V1, ids=[f"{f}-{r}" for f, _, r in INVALID_V1]
 )
 def test_events_v1_validation_rejects_with_422(
-    api: ApiServerDouble, field: str, override: dict[str, Any], cause_reason: str
+    double: ApiServerDouble, field: str, override: dict[str, Any], cause_reason: str
 ) -> None:
     ev = {k: v for k, v in node_event(**override).items() if v is not None}
-    status, body = raw(api, "POST", EV_PATH, ev)
+    status, body = raw(double, "POST", EV_PATH, ev)
     assert status == 422
     assert body["kind"] == "Status" and body["reason"] == "Invalid" and body["code"] == 422
     assert body["details"]["group"] == "events.k8s.io"
     assert (field, cause_reason) in [(c["field"], c["reason"]) for c in body["details"]["causes"]]
-    assert api.events() == []
+    assert double.events() == []
     # Exactly the limit is fine.
     if cause_reason == "FieldValueInvalid" and field in ("reportingInstance", "action", "reason", "note"):
         limit = 1024 if field == "note" else 128
         ok = node_event(**{field: "x" * limit})
-        assert raw(api, "POST", EV_PATH, ok)[0] == 201
+        assert raw(double, "POST", EV_PATH, ok)[0] == 201
 
 
-def test_node_event_only_in_default_or_kube_system(api: ApiServerDouble) -> None:
+def test_node_event_only_in_default_or_kube_system(double: ApiServerDouble) -> None:
     for ns, expected in (("default", 201), ("kube-system", 201), ("gpu-operator", 422)):
-        status, body = raw(api, "POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", node_event())
+        status, body = raw(double, "POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", node_event())
         assert status == expected, (ns, body)
     assert body["details"]["causes"][0]["field"] == "regarding.namespace"
 
 
-def test_missing_name_and_generate_name_is_422(api: ApiServerDouble) -> None:
-    status, body = raw(api, "POST", EV_PATH, node_event(metadata={}))
+def test_missing_name_and_generate_name_is_422(double: ApiServerDouble) -> None:
+    status, body = raw(double, "POST", EV_PATH, node_event(metadata={}))
     assert status == 422
     assert body["details"]["causes"][0]["field"] == "metadata.name"
 
 
-def test_namespace_mismatch_is_400(api: ApiServerDouble) -> None:
+def test_namespace_mismatch_is_400(double: ApiServerDouble) -> None:
     ev = node_event(metadata={"name": "x", "namespace": "kube-system"})
-    assert raw(api, "POST", EV_PATH, ev)[0] == 400
+    assert raw(double, "POST", EV_PATH, ev)[0] == 400
 
 
-def test_core_v1_rules_when_event_time_set(api: ApiServerDouble) -> None:
+def test_core_v1_rules_when_event_time_set(double: ApiServerDouble) -> None:
     base = {
         "metadata": {"name": "e1"},
         "involvedObject": {"kind": "Node", "name": NODE, "uid": NODE},
@@ -477,13 +470,13 @@ def test_core_v1_rules_when_event_time_set(api: ApiServerDouble) -> None:
         "reason": "XidError",
         "type": "Warning",
     }
-    status, body = raw(api, "POST", "/api/v1/namespaces/default/events", {**base, "action": ""})
+    status, body = raw(double, "POST", "/api/v1/namespaces/default/events", {**base, "action": ""})
     assert status == 422
     assert [c["field"] for c in body["details"]["causes"]] == ["action"]
     assert "group" not in body["details"]
-    status, body = raw(api, "POST", "/api/v1/namespaces/default/events", {**base, "reportingComponent": ""})
+    status, body = raw(double, "POST", "/api/v1/namespaces/default/events", {**base, "reportingComponent": ""})
     assert [c["field"] for c in body["details"]["causes"]] == ["reportingComponent"]
-    assert raw(api, "POST", "/api/v1/namespaces/default/events", base)[0] == 201
+    assert raw(double, "POST", "/api/v1/namespaces/default/events", base)[0] == 201
 
 
 def test_invalid_through_real_client_surfaces_status(events: client.EventsV1Api) -> None:
@@ -506,8 +499,8 @@ def test_invalid_through_real_client_surfaces_status(events: client.EventsV1Api)
 @pytest.mark.parametrize(
     "content_type", [None, "application/merge-patch+json", "application/json-patch+json"]
 )
-def test_patch_series(api: ApiServerDouble, events: client.EventsV1Api, content_type: str | None) -> None:
-    status, created = raw(api, "POST", EV_PATH, node_event())
+def test_patch_series(double: ApiServerDouble, events: client.EventsV1Api, content_type: str | None) -> None:
+    status, created = raw(double, "POST", EV_PATH, node_event())
     assert status == 201
     name = created["metadata"]["name"]
     last = now_micro()
@@ -518,30 +511,30 @@ def test_patch_series(api: ApiServerDouble, events: client.EventsV1Api, content_
     patched = events.patch_namespaced_event(name, "default", patch, **kwargs)
     assert patched.series.count == 2
     assert int(patched.metadata.resource_version) > int(created["metadata"]["resourceVersion"])
-    assert api.events()[0]["series"] == {"count": 2, "lastObservedTime": last}
+    assert double.events()[0]["series"] == {"count": 2, "lastObservedTime": last}
     expected_type = content_type or "application/strategic-merge-patch+json"
-    assert api.requests_to("PATCH")[0].content_type == expected_type
+    assert double.requests_to("PATCH")[0].content_type == expected_type
 
 
-def test_patch_validation(api: ApiServerDouble, events: client.EventsV1Api) -> None:
-    _, created = raw(api, "POST", EV_PATH, node_event())
+def test_patch_validation(double: ApiServerDouble, events: client.EventsV1Api) -> None:
+    _, created = raw(double, "POST", EV_PATH, node_event())
     path = f"/apis/events.k8s.io/v1/namespaces/default/events/{created['metadata']['name']}"
     merge = "application/merge-patch+json"
-    status, body = raw(api, "PATCH", path, {"series": {"count": 1, "lastObservedTime": now_micro()}}, merge)
+    status, body = raw(double, "PATCH", path, {"series": {"count": 1, "lastObservedTime": now_micro()}}, merge)
     assert status == 422 and body["details"]["causes"][0]["field"] == "series.count"
-    status, body = raw(api, "PATCH", path, {"reason": "Other"}, merge)
+    status, body = raw(double, "PATCH", path, {"reason": "Other"}, merge)
     assert status == 422 and body["details"]["causes"][0]["field"] == "reason"
-    assert raw(api, "PATCH", path, {"series": {"count": 3}}, "text/plain")[0] == 415
-    assert raw(api, "PATCH", path.replace(created["metadata"]["name"], "nope"), {}, merge)[0] == 404
-    assert api.events()[0].get("series") is None
+    assert raw(double, "PATCH", path, {"series": {"count": 3}}, "text/plain")[0] == 415
+    assert raw(double, "PATCH", path.replace(created["metadata"]["name"], "nope"), {}, merge)[0] == 404
+    assert double.events()[0].get("series") is None
 
 
-def test_delete_event(api: ApiServerDouble, events: client.EventsV1Api) -> None:
-    _, created = raw(api, "POST", EV_PATH, node_event())
+def test_delete_event(double: ApiServerDouble, events: client.EventsV1Api) -> None:
+    _, created = raw(double, "POST", EV_PATH, node_event())
     events.delete_namespaced_event(created["metadata"]["name"], "default")
-    assert api.events() == []
+    assert double.events() == []
 
 
-def test_unknown_path_is_404_status(api: ApiServerDouble) -> None:
-    status, body = raw(api, "GET", "/api/v1/secrets")
+def test_unknown_path_is_404_status(double: ApiServerDouble) -> None:
+    status, body = raw(double, "GET", "/api/v1/secrets")
     assert status == 404 and body["kind"] == "Status"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from exporter.node.node_object import NodeObject
@@ -11,12 +9,6 @@ from tests.k8s_double import ApiServerDouble, kube_api_for, poll_until
 from tests.k8s_double.objects import make_node
 
 pytestmark = pytest.mark.e2e  # every test here starts a server, builds the fake NVML library (gcc)
-
-
-@pytest.fixture
-def double() -> Iterator[ApiServerDouble]:
-    with ApiServerDouble() as api:
-        yield api
 
 
 def test_labels_and_capacity_are_read(double: ApiServerDouble) -> None:

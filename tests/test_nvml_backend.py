@@ -7,8 +7,6 @@ test hooks count calls and move its clock, so backoff and lastSeen are asserted 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,8 @@ import yaml
 from exporter.model import DeviceSample, ProcessUsage, UtilSample
 from exporter.node.nvml.backend import NvmlBackend
 from exporter.node.simulate import SimulatedBackend, parse_scenario
-from tests.fake_nvml import TICK_US, FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
+from tests.fake_nvml import TICK_US
+from tests.fake_nvml.harness import Harness
 
 pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
 
@@ -73,49 +72,6 @@ def scenario(*devices: dict[str, Any], **nvml: Any) -> dict[str, Any]:
     if nvml:
         doc["nvml"] = nvml
     return doc
-
-
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Harness:
-    """Loads the fake with a scenario and builds backends on an injected clock."""
-
-    def __init__(self, libs: dict[str, Path], tmp_path: Path, stack: ExitStack) -> None:
-        self.libs = libs
-        self.tmp_path = tmp_path
-        self.stack = stack
-        self.clock = Clock()
-
-    def start(self, doc: dict[str, Any], *, library: str | None = None,
-              **backend_args: Any) -> tuple[NvmlBackend, FakeNvml]:
-        if library is None:
-            library = "old" if (doc.get("nvml") or {}).get("old_driver") else "current"
-        config = write_config(doc, self.tmp_path / "fake_nvml.cfg")
-        fake = self.stack.enter_context(fake_nvml_loaded(self.libs[library], config))
-        backend = NvmlBackend(clock=self.clock, wall_clock=lambda: 1_700_000_000.0, **backend_args)
-        self.stack.callback(backend.close)  # runs before the fake is unloaded
-        return backend, fake
-
-
-@pytest.fixture(scope="session")
-def fake_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("fake_nvml")
-    return {"current": build_fake_nvml(base / "current"),
-            "old": build_fake_nvml(base / "old", old_driver=True)}
-
-
-@pytest.fixture
-def nvml(fake_libs: dict[str, Path], tmp_path: Path) -> Iterator[Harness]:
-    with ExitStack() as stack:
-        yield Harness(fake_libs, tmp_path, stack)
 
 
 def expected_device(index: int, d: dict[str, Any]) -> DeviceSample:

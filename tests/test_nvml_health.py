@@ -7,8 +7,6 @@ simulated node of the same scenario is the oracle (except GPM's first cycle, whi
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,9 +19,9 @@ from exporter.exposition.health_rows import health_families
 from exporter.model import DeviceHealth, DeviceSample, GpmSample, NvLinkSample
 from exporter.node.scenario_health import HEALTH_KEYS
 from exporter.node.simulate import SimulatedBackend, parse_scenario
-from tests.fake_nvml import build_fake_nvml
+from tests.fake_nvml.harness import Harness
 from tests.fake_nvml.health_config import scalar_values
-from tests.test_nvml_backend import GIB, GPU1, Harness, counting_wrapper, failing_for, mig_scenario, scenario, uuid_of
+from tests.test_nvml_backend import GIB, GPU1, counting_wrapper, failing_for, mig_scenario, scenario, uuid_of
 
 pytestmark = pytest.mark.e2e  # every test here builds the fake NVML library (gcc)
 
@@ -54,19 +52,6 @@ H100: dict[str, Any] = {
 RATIOS = GpmSample(graphics_active=0.97, sm_active=0.5, sm_occupancy=0.25, tensor_active=0.0, dram_active=1.0)
 HEALTH_NODE = Path(__file__).resolve().parent / "scenarios" / "health_node.yaml"
 REMAP = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure")
-
-
-@pytest.fixture(scope="module")
-def fake_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("fake_nvml")
-    return {"current": build_fake_nvml(base / "current"),
-            "old": build_fake_nvml(base / "old", old_driver=True)}
-
-
-@pytest.fixture
-def nvml(fake_libs: dict[str, Path], tmp_path: Path) -> Iterator[Harness]:
-    with ExitStack() as stack:
-        yield Harness(fake_libs, tmp_path, stack)
 
 
 def without_gpm(devices: tuple[DeviceSample, ...]) -> tuple[DeviceSample, ...]:

@@ -20,7 +20,7 @@ from exporter.xid.events_writer import EventsWriter
 from exporter.xid.nvml_events import NvmlXid, NvmlXidSource
 from exporter.xid.stats import XidStats, xid_metric_families
 from exporter.xid.watcher import XidWatcher
-from tests.fake_nvml import FakeNvml, build_fake_nvml, fake_nvml_loaded, write_config
+from tests.fake_nvml import FakeNvml, fake_nvml_loaded, write_config
 from tests.k8s_double import ApiServerDouble, kube_api_for
 from tests.k8s_double import poll_until as _poll_until
 from tests.k8s_double.events_validation import EVENTS_V1
@@ -65,11 +65,6 @@ def with_xids(index: int, *xids: tuple[int, int]) -> list[dict[str, Any]]:
     gpus = [dict(g) for g in GPUS]
     gpus[index]["xid_events"] = [{"tick": t, "xid": x} for t, x in xids]
     return gpus
-
-
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_fake_nvml(tmp_path_factory.mktemp("nvml"))
 
 
 @contextmanager

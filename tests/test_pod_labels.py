@@ -34,8 +34,8 @@ from exporter.exposition.pod_labels import (
 )
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.model import NodeSample, PodInfo
-from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
+from tests.simulated import one_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "kube-gpu-exporter"
@@ -232,18 +232,11 @@ def scenario_with_labels(tmp_path: Path) -> Path:
     return path
 
 
-def render(scenario: Path, *flags: str) -> str:
-    daemon = build_daemon(load_config(["--simulate", str(scenario), *flags], environ={}))
-    try:
-        snapshot, _ = daemon.pipeline.step()
-    finally:
-        daemon.close()
-    return snapshot.body.decode()
 
 
 @pytest.mark.e2e
 def test_simulated_node_with_the_allowlist(tmp_path: Path):
-    text = render(scenario_with_labels(tmp_path), "--pod-labels-allowlist", "team.*,cost-center")
+    text = one_cycle(scenario_with_labels(tmp_path), "--pod-labels-allowlist", "team.*,cost-center")
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     info = {s.labels["pod_name"]: s.labels for s in fams["nvidia_gpu_pod_info"].samples}
     trainer = info["trainer-5d8f7c9b4-x2k9p"]
@@ -267,13 +260,13 @@ def test_simulated_node_with_the_allowlist(tmp_path: Path):
 
 def test_simulated_node_without_the_allowlist_is_unchanged(tmp_path: Path):
     scenario = scenario_with_labels(tmp_path)
-    text = render(scenario)
+    text = one_cycle(scenario)
     assert "label_" not in text and "pod_label" not in text
 
     def pod_info(body: str) -> list[str]:
         return [line for line in body.splitlines() if line.startswith("nvidia_gpu_pod_info{")]
 
-    assert pod_info(render(scenario, "--pod-labels-allowlist", "nothing-matches")) == pod_info(text) != []
+    assert pod_info(one_cycle(scenario, "--pod-labels-allowlist", "nothing-matches")) == pod_info(text) != []
 
 
 def test_env_variable_and_bad_regex_at_start(tmp_path: Path, capsys: pytest.CaptureFixture[str]):

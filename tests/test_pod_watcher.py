@@ -16,12 +16,6 @@ from tests.k8s_double import ApiServerDouble, kube_api_for, make_pod, poll_until
 NODE = "gpu-node-1"
 
 
-@pytest.fixture
-def api() -> Iterator[ApiServerDouble]:
-    with ApiServerDouble() as double:
-        yield double
-
-
 class RecordingBackoff:
     """Short, deterministic delays; remembers what it was asked."""
 
@@ -40,8 +34,8 @@ def backoff() -> RecordingBackoff:
 
 
 @pytest.fixture
-def watcher(api: ApiServerDouble, backoff: RecordingBackoff) -> Iterator[PodWatcher]:
-    w = PodWatcher(NODE, kube_api_for(api), watch_timeout_seconds=30, request_timeout=5, backoff=backoff)
+def watcher(double: ApiServerDouble, backoff: RecordingBackoff) -> Iterator[PodWatcher]:
+    w = PodWatcher(NODE, kube_api_for(double), watch_timeout_seconds=30, request_timeout=5, backoff=backoff)
     yield w
     w.stop()
 
@@ -50,18 +44,18 @@ def names(w: PodWatcher) -> set[str]:
     return {p.name for p in w.view().pods.values()}
 
 
-def pod_lists(api: ApiServerDouble) -> list:
-    return [r for r in api.requests_to("GET", "/api/v1/pods") if r.query.get("watch") != "true"]
+def pod_lists(double: ApiServerDouble) -> list:
+    return [r for r in double.requests_to("GET", "/api/v1/pods") if r.query.get("watch") != "true"]
 
 
-def pod_watches(api: ApiServerDouble) -> list:
-    return [r for r in api.requests_to("GET", "/api/v1/pods") if r.query.get("watch") == "true"]
+def pod_watches(double: ApiServerDouble) -> list:
+    return [r for r in double.requests_to("GET", "/api/v1/pods") if r.query.get("watch") == "true"]
 
 
 @pytest.mark.e2e
-def test_initial_list_only_this_node(api: ApiServerDouble, watcher: PodWatcher) -> None:
-    api.add_pod(make_pod("mine", node=NODE))
-    api.add_pod(make_pod("theirs", node="other-node"))
+def test_initial_list_only_this_node(double: ApiServerDouble, watcher: PodWatcher) -> None:
+    double.add_pod(make_pod("mine", node=NODE))
+    double.add_pod(make_pod("theirs", node="other-node"))
     assert watcher.stats() == PodWatcherStats(0, None, False, {})
     before = time.time()
     watcher.start()
@@ -69,95 +63,95 @@ def test_initial_list_only_this_node(api: ApiServerDouble, watcher: PodWatcher) 
     assert names(watcher) == {"mine"}
     stats = watcher.stats()
     assert stats.sync_errors == 0 and stats.last_sync_timestamp >= before
-    assert pod_lists(api)[0].query["fieldSelector"] == f"spec.nodeName={NODE}"
-    poll_until(lambda: pod_watches(api))
-    w = pod_watches(api)[0].query
+    assert pod_lists(double)[0].query["fieldSelector"] == f"spec.nodeName={NODE}"
+    poll_until(lambda: pod_watches(double))
+    w = pod_watches(double)[0].query
     assert w["fieldSelector"] == f"spec.nodeName={NODE}"
     assert w["allowWatchBookmarks"] == "true" and w["timeoutSeconds"] == "30"
     assert w["resourceVersion"] == watcher.view().resource_version
 
 
 @pytest.mark.e2e
-def test_add_modify_delete_seen(api: ApiServerDouble, watcher: PodWatcher) -> None:
+def test_add_modify_delete_seen(double: ApiServerDouble, watcher: PodWatcher) -> None:
     watcher.start()
-    poll_until(lambda: api.active_watches == 1)
-    api.add_pod(make_pod("p", node=NODE, phase="Pending", started=False))
+    poll_until(lambda: double.active_watches == 1)
+    double.add_pod(make_pod("p", node=NODE, phase="Pending", started=False))
     poll_until(lambda: names(watcher) == {"p"})
     assert watcher.view().by_container_id == {}
-    api.update_pod(make_pod("p", node=NODE))
+    double.update_pod(make_pod("p", node=NODE))
     poll_until(lambda: watcher.view().by_container_id)
     (pod, container), *_ = watcher.view().by_container_id.values()
     assert (pod.name, pod.phase, container.name) == ("p", "Running", "main")
-    api.add_pod(make_pod("elsewhere", node="other-node"))
-    api.delete_pod("default", "p")
+    double.add_pod(make_pod("elsewhere", node="other-node"))
+    double.delete_pod("default", "p")
     poll_until(lambda: names(watcher) == set())
-    assert len(pod_lists(api)) == 1  # all of it through one watch
+    assert len(pod_lists(double)) == 1  # all of it through one watch
     assert watcher.stats().sync_errors == 0
 
 
 @pytest.mark.e2e
-def test_clean_watch_end_resumes_without_relist(api: ApiServerDouble, watcher: PodWatcher) -> None:
+def test_clean_watch_end_resumes_without_relist(double: ApiServerDouble, watcher: PodWatcher) -> None:
     watcher.start()
-    poll_until(lambda: api.active_watches == 1)
-    api.close_watches()  # as at the server's timeoutSeconds
-    poll_until(lambda: len(pod_watches(api)) == 2 and api.active_watches == 1)
-    api.add_pod(make_pod("after", node=NODE))
+    poll_until(lambda: double.active_watches == 1)
+    double.close_watches()  # as at the server's timeoutSeconds
+    poll_until(lambda: len(pod_watches(double)) == 2 and double.active_watches == 1)
+    double.add_pod(make_pod("after", node=NODE))
     poll_until(lambda: names(watcher) == {"after"})
-    assert len(pod_lists(api)) == 1
+    assert len(pod_lists(double)) == 1
     assert watcher.stats().sync_errors == 0
 
 
 @pytest.mark.e2e
-def test_410_relists_and_loses_nothing(api: ApiServerDouble, watcher: PodWatcher) -> None:
-    api.add_pod(make_pod("stays", node=NODE))
-    api.add_pod(make_pod("goes", node=NODE))
+def test_410_relists_and_loses_nothing(double: ApiServerDouble, watcher: PodWatcher) -> None:
+    double.add_pod(make_pod("stays", node=NODE))
+    double.add_pod(make_pod("goes", node=NODE))
     watcher.start()
-    poll_until(lambda: api.active_watches == 1)
-    api.expire_next_watch()
-    api.close_watches()
+    poll_until(lambda: double.active_watches == 1)
+    double.expire_next_watch()
+    double.close_watches()
     # Changes while the watcher is between watches: the relist must pick them up.
-    api.delete_pod("default", "goes")
-    api.add_pod(make_pod("new", node=NODE))
+    double.delete_pod("default", "goes")
+    double.add_pod(make_pod("new", node=NODE))
     poll_until(lambda: names(watcher) == {"stays", "new"})
-    poll_until(lambda: len(pod_lists(api)) == 2)
+    poll_until(lambda: len(pod_lists(double)) == 2)
     stats = watcher.stats()
     assert stats.sync_errors == 0 and stats.synced  # 410 is routine, not an error
 
 
 @pytest.mark.e2e
-def test_410_from_compaction(api: ApiServerDouble, watcher: PodWatcher) -> None:
+def test_410_from_compaction(double: ApiServerDouble, watcher: PodWatcher) -> None:
     watcher.start()
-    poll_until(lambda: api.active_watches == 1)
-    api.go_offline()  # keep the watcher from resuming while history is compacted
-    api.add_pod(make_pod("during", node=NODE))
-    api.compact()
-    api.come_back()
+    poll_until(lambda: double.active_watches == 1)
+    double.go_offline()  # keep the watcher from resuming while history is compacted
+    double.add_pod(make_pod("during", node=NODE))
+    double.compact()
+    double.come_back()
     poll_until(lambda: names(watcher) == {"during"})
     # Whichever came first (a failed relist, or a watch from the compacted version that got 410),
     # the watcher ended up relisting.
-    assert len(pod_lists(api)) >= 2
+    assert len(pod_lists(double)) >= 2
 
 
 @pytest.mark.e2e
 def test_outage_keeps_last_good_view_and_recovers(
-    api: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
+    double: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
 ) -> None:
-    api.add_pod(make_pod("a", node=NODE))
-    api.add_pod(make_pod("b", node=NODE))
+    double.add_pod(make_pod("a", node=NODE))
+    double.add_pod(make_pod("b", node=NODE))
     watcher.start()
     poll_until(lambda: names(watcher) == {"a", "b"})
     good_view = watcher.view()
     synced_at = watcher.stats().last_sync_timestamp
-    api.go_offline()
+    double.go_offline()
     poll_until(lambda: watcher.stats().sync_errors >= 2)
     stats = watcher.stats()
     assert not stats.synced
     assert watcher.view() is good_view  # the last good cache, untouched
     assert stats.last_sync_timestamp == synced_at
     assert backoff.calls[:2] == [1, 2]  # growing backoff while failing
-    api.delete_pod("default", "a")
-    api.add_pod(make_pod("c", node=NODE))
-    api.come_back()
+    double.delete_pod("default", "a")
+    double.add_pod(make_pod("c", node=NODE))
+    double.come_back()
     poll_until(lambda: names(watcher) == {"b", "c"})
     poll_until(lambda: watcher.stats().synced)
     assert watcher.stats().last_sync_timestamp > synced_at
@@ -165,10 +159,10 @@ def test_outage_keeps_last_good_view_and_recovers(
 
 @pytest.mark.e2e
 def test_server_errors_counted_then_synced(
-    api: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
+    double: ApiServerDouble, watcher: PodWatcher, backoff: RecordingBackoff
 ) -> None:
-    api.add_pod(make_pod("a", node=NODE))
-    api.fail_next(3)
+    double.add_pod(make_pod("a", node=NODE))
+    double.fail_next(3)
     watcher.start()
     poll_until(lambda: watcher.stats().synced)
     assert watcher.stats().sync_errors == 3
@@ -177,35 +171,35 @@ def test_server_errors_counted_then_synced(
 
 
 @pytest.mark.e2e
-def test_malformed_pod_counted_not_crashing(api: ApiServerDouble, watcher: PodWatcher) -> None:
+def test_malformed_pod_counted_not_crashing(double: ApiServerDouble, watcher: PodWatcher) -> None:
     bad = make_pod("bad", node=NODE)
     bad["spec"]["containers"] = "garbage"
-    api.add_pod(bad)
-    api.add_pod(make_pod("good", node=NODE))
+    double.add_pod(bad)
+    double.add_pod(make_pod("good", node=NODE))
     watcher.start()
     poll_until(lambda: watcher.stats().synced)
     assert names(watcher) == {"good"}
     assert watcher.stats().skips == {"containers_invalid": 1}
     bad2 = make_pod("bad2", node=NODE)
     bad2["status"]["containerStatuses"][0]["containerID"] = "containerd://short"
-    api.add_pod(bad2)
+    double.add_pod(bad2)
     poll_until(lambda: "bad2" in names(watcher))
     assert watcher.stats().skips == {"containers_invalid": 1, "container_id_invalid": 1}
-    api.add_pod(make_pod("later", node=NODE))
+    double.add_pod(make_pod("later", node=NODE))
     poll_until(lambda: "later" in names(watcher))
     assert watcher.stats().sync_errors == 0
 
 
 @pytest.mark.e2e
-def test_pages_are_followed(api: ApiServerDouble, backoff: RecordingBackoff) -> None:
+def test_pages_are_followed(double: ApiServerDouble, backoff: RecordingBackoff) -> None:
     for i in range(5):
-        api.add_pod(make_pod(f"p{i}", node=NODE))
-    w = PodWatcher(NODE, kube_api_for(api), page_size=2, backoff=backoff)
+        double.add_pod(make_pod(f"p{i}", node=NODE))
+    w = PodWatcher(NODE, kube_api_for(double), page_size=2, backoff=backoff)
     w.start()
     try:
         poll_until(lambda: w.stats().synced)
         assert names(w) == {f"p{i}" for i in range(5)}
-        lists = pod_lists(api)
+        lists = pod_lists(double)
         assert [r.query["limit"] for r in lists] == ["2", "2", "2"]
         assert "continue" in lists[1].query
     finally:
@@ -213,10 +207,10 @@ def test_pages_are_followed(api: ApiServerDouble, backoff: RecordingBackoff) -> 
 
 
 @pytest.mark.e2e
-def test_stop_is_prompt_during_a_long_watch(api: ApiServerDouble, backoff: RecordingBackoff) -> None:
-    w = PodWatcher(NODE, kube_api_for(api), watch_timeout_seconds=600, backoff=backoff)
+def test_stop_is_prompt_during_a_long_watch(double: ApiServerDouble, backoff: RecordingBackoff) -> None:
+    w = PodWatcher(NODE, kube_api_for(double), watch_timeout_seconds=600, backoff=backoff)
     w.start()
-    poll_until(lambda: api.active_watches == 1)
+    poll_until(lambda: double.active_watches == 1)
     t0 = time.monotonic()
     w.stop()
     assert time.monotonic() - t0 < 2
@@ -225,9 +219,9 @@ def test_stop_is_prompt_during_a_long_watch(api: ApiServerDouble, backoff: Recor
 
 
 @pytest.mark.e2e
-def test_stop_during_backoff_is_prompt(api: ApiServerDouble) -> None:
-    api.go_offline()
-    w = PodWatcher(NODE, kube_api_for(api), backoff=lambda n: 60.0)
+def test_stop_during_backoff_is_prompt(double: ApiServerDouble) -> None:
+    double.go_offline()
+    w = PodWatcher(NODE, kube_api_for(double), backoff=lambda n: 60.0)
     w.start()
     poll_until(lambda: w.stats().sync_errors == 1)
     t0 = time.monotonic()
@@ -272,11 +266,11 @@ def write_kubeconfig(path: Path, server: str) -> Path:
 
 
 @pytest.mark.e2e
-def test_build_api_client_explicit_url_wins(no_cluster: Path, api: ApiServerDouble) -> None:
+def test_build_api_client_explicit_url_wins(no_cluster: Path, double: ApiServerDouble) -> None:
     write_kubeconfig(no_cluster / "kc", "http://127.0.0.1:1")
-    c = build_api_client(api.url + "/", str(no_cluster / "kc"))
-    assert c.host == api.url
-    api.add_pod(make_pod("x", node=NODE))
+    c = build_api_client(double.url + "/", str(no_cluster / "kc"))
+    assert c.host == double.url
+    double.add_pod(make_pod("x", node=NODE))
     w = PodWatcher(NODE, c, backoff=RecordingBackoff())
     w.start()
     try:
@@ -286,9 +280,9 @@ def test_build_api_client_explicit_url_wins(no_cluster: Path, api: ApiServerDoub
 
 
 @pytest.mark.e2e
-def test_build_api_client_kubeconfig_path(no_cluster: Path, api: ApiServerDouble) -> None:
-    c = build_api_client(None, str(write_kubeconfig(no_cluster / "kc", api.url)))
-    assert c.host == api.url
+def test_build_api_client_kubeconfig_path(no_cluster: Path, double: ApiServerDouble) -> None:
+    c = build_api_client(None, str(write_kubeconfig(no_cluster / "kc", double.url)))
+    assert c.host == double.url
     assert c.authorization() == "Bearer t0ken"
 
 

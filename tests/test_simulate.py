@@ -26,19 +26,13 @@ from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon, main
 from exporter.shell.config import load_config
 from tests.http_support import AppClient
+from tests.simulated import one_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def render(scenario: Path, *flags: str) -> str:
-    daemon = build_daemon(load_config(["--simulate", str(scenario), *flags]))
-    try:
-        snapshot, _ = daemon.pipeline.step()
-    finally:
-        daemon.close()
-    return snapshot.body.decode()
 
 
 def samples_of(text: str) -> list[str]:
@@ -51,7 +45,7 @@ def samples_of(text: str) -> list[str]:
 ])
 def test_seed_rows_reproduced_row_for_row(seed: str, scenario: str):
     want = samples_of((DATA / seed).read_text())
-    got = samples_of(render(ROOT / "examples" / scenario))
+    got = samples_of(one_cycle(ROOT / "examples" / scenario))
     # Every TYPE line and sample of the seed, in the seed's order (our extra families follow).
     positions = [got.index(line) if line in got else -1 for line in want]
     missing = [line for line, pos in zip(want, positions, strict=True) if pos < 0]
@@ -69,7 +63,7 @@ def test_seed_rows_reproduced_row_for_row(seed: str, scenario: str):
 def test_promtool_check_metrics_is_clean(scenario: Path):
     promtool = shutil.which("promtool")
     assert promtool, "promtool missing: run scripts/test.sh (installs Debian's prometheus)"
-    text = render(scenario, "--per-process-metrics")
+    text = one_cycle(scenario, "--per-process-metrics")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -80,7 +74,7 @@ def values(text: str) -> dict[tuple[str, frozenset], float]:
 
 
 def test_mixed_node_rows():
-    v = values(render(ROOT / "examples" / "mixed-4gpu-node.yaml"))
+    v = values(one_cycle(ROOT / "examples" / "mixed-4gpu-node.yaml"))
 
     def get(name, **labels):
         hits = [val for (n, lbl), val in v.items() if n == name and all(
@@ -110,7 +104,7 @@ def test_mixed_node_rows():
 
 
 def test_custom_label_names_apply_everywhere():
-    text = render(ROOT / "examples" / "seed-cgpu-t4.yaml", "--pod-label", "gpu_pod",
+    text = one_cycle(ROOT / "examples" / "seed-cgpu-t4.yaml", "--pod-label", "gpu_pod",
                   "--namespace-label", "gpu_namespace", "--container-label", "gpu_container")
     assert 'gpu_pod="app-3g-v1-0"' in text and "pod_name" not in text
     assert 'gpu_namespace="default"' in text and 'gpu_container="app-3g-v2"' in text
@@ -122,7 +116,7 @@ def test_not_supported_and_lost_devices(tmp_path: Path):
     doc["devices"][1]["lost_after_ticks"] = 0
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(doc))
-    v = values(render(path))
+    v = values(one_cycle(path))
     gpu0 = "GPU-0a7c1f52-3b1d-4e86-9f0e-6c2d8a4b1e01"
     gpu1 = "GPU-1b8d2063-4c2e-4f97-a01f-7d3e9b5c2f02"
     names_for = {n for (n, lbl) in v if ("uuid", gpu0) in lbl}
@@ -174,7 +168,7 @@ def test_malformed_pod_is_counted_not_fatal(tmp_path: Path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(doc))
     load_scenario(path)
-    text = render(path)
+    text = one_cycle(path)
     skips = [(lbl, val) for (n, lbl), val in values(text).items() if n == "kube_gpu_exporter_skips_total"]
     assert skips and sum(v for _, v in skips) >= 1
     assert 'pod_name="app-3g-v2-0"' in text

@@ -227,12 +227,6 @@ def test_planner_writes_bounded_and_counts_consistent(steps: list[tuple[int, flo
 # ---------------------------------------------------------------- writer against the API server double
 
 
-@pytest.fixture
-def double():
-    with ApiServerDouble() as api:
-        yield api
-
-
 def make_writer(double: ApiServerDouble, **kw) -> EventsWriter:
     return EventsWriter(kube_api_for(double), backoff_base=0.01, backoff_max=0.05, **kw)
 

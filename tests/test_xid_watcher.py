@@ -66,12 +66,6 @@ def xid_line(seq: int, ts_usec: int, xid: int = 31, pci: str = "0000:3b:00", pid
 
 
 @pytest.fixture
-def double() -> Iterator[ApiServerDouble]:
-    with ApiServerDouble() as api:
-        yield api
-
-
-@pytest.fixture
 def stop_later() -> Iterator[list]:
     """Things to stop/close at teardown, even when the test fails half way."""
     items: list = []
