@@ -43,6 +43,12 @@ def samples(text: str) -> Samples:
     return out
 
 
+def values(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Exposition text as {(sample name, frozenset of labels): value}."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
 def render_doc(doc: dict[str, Any], tmp_path: Path, *flags: str) -> Samples:
     """The samples of one cycle of the scenario ``doc``."""
     return samples(one_cycle(write_scenario(doc, tmp_path), *flags))

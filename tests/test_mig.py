@@ -16,8 +16,8 @@ from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from exporter.xid.parse import gpu_for_xid
 from tests.k8s_double.server import poll_until
+from tests.simulated import one_cycle, values
 from tests.test_daemon_xid import xid_rows
-from tests.test_simulate import render, values
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mig-a100-node.yaml"
@@ -43,7 +43,7 @@ def _rows(text: str, family: str) -> dict[str, list[dict[str, str] | float]]:
 def _render_doc(doc: dict, tmp_path: Path) -> str:
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(doc))
-    return render(path)
+    return one_cycle(path)
 
 
 def _check_attribution(text: str) -> None:
@@ -76,7 +76,7 @@ def _check_attribution(text: str) -> None:
 
 
 def test_mig_devices_are_attributed_like_whole_gpus() -> None:
-    text = render(EXAMPLE)
+    text = one_cycle(EXAMPLE)
     _check_attribution(text)
     info = {u: rows[0][0] for u, rows in _rows(text, "nvidia_gpu_mig_device_info").items()}
     assert set(info) == {MIG_3G, MIG_2G_A, MIG_2G_B}

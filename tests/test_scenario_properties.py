@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.node.simulate import Scenario, ScenarioError, parse_scenario
 from exporter.shell.config import OPTIONS, Config, ConfigError, load_config, parse_listen
-from tests.test_simulate import render
+from tests.simulated import one_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = yaml.safe_load((ROOT / "examples" / "mixed-4gpu-node.yaml").read_text())
@@ -82,7 +82,7 @@ def test_a_scenario_that_loads_renders_valid_exposition(tmp_path_factory, path: 
         return
     target = tmp_path_factory.mktemp("scenario") / "s.yaml"
     target.write_text(yaml.safe_dump(doc))
-    text = render(target)
+    text = one_cycle(target)
     families = {f.name for f in text_string_to_metric_families(text)}
     assert "nvidia_gpu_num_devices" in families
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.exposition.snapshot import empty_snapshot
 from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
@@ -26,7 +25,7 @@ from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon, main
 from exporter.shell.config import load_config
 from tests.http_support import AppClient
-from tests.simulated import one_cycle
+from tests.simulated import one_cycle, values
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -66,11 +65,6 @@ def test_promtool_check_metrics_is_clean(scenario: Path):
     text = one_cycle(scenario, "--per-process-metrics")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-
-
-def values(text: str) -> dict[tuple[str, frozenset], float]:
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
 def test_mixed_node_rows():
