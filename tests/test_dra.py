@@ -304,3 +304,83 @@ def test_a_claim_shared_by_any_holders_counts_once(n_pods, n_containers, kubelet
     assert {a.whole for a in allocs.allocations} == {holders == 1}
     dev = next(d for d in attr.devices if d.device.uuid == U1)
     assert len(dev.users) == holders or (holders == 1 and dev.mode == EXCLUSIVE)
+
+
+# ---------------------------------------------------------------- consumable capacity (DRAConsumableCapacity)
+
+
+def consumable(obj: dict[str, Any], consumed: list[Any]) -> dict[str, Any]:
+    """``obj`` with a shareID and ``consumedCapacity`` on each result, as the scheduler writes them."""
+    for i, (r, c) in enumerate(zip(obj["status"]["allocation"]["devices"]["results"], consumed, strict=True)):
+        r["shareID"] = f"5a0e0000-0000-4000-8000-{share_uid(obj['metadata']['name'], i)}"
+        if c is not None:
+            r["consumedCapacity"] = c
+    return obj
+
+
+def share_uid(name: str, i: int) -> str:
+    return f"{sum(map(ord, name)) * 16 + i:012x}"
+
+
+def consumable_node(first: Any, second: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Pods a (one container) and b (two containers naming one claim), each with its own claim on gpu-1."""
+    pods_raw = [pod("ml", "a", puid(60), NODE, {"ctr": [("g", "")]}, {"g": ("claim", "share-a")}),
+                pod("ml", "b", puid(61), NODE, {"x": [("g", "")], "y": [("g", "")]}, {"g": ("claim", "share-b")})]
+    claims_raw = [consumable(claim("ml", "share-a", [("gpu", NODE, "gpu-1")], [("a", puid(60))]), [first]),
+                  consumable(claim("ml", "share-b", [("gpu", NODE, "gpu-1")], [("b", puid(61))]), [second])]
+    return pods_raw, claims_raw
+
+
+def consumable_answer(pods_raw: list[dict[str, Any]]) -> tuple[PodResources, ...]:
+    """The 1.35 kubelet's answer for consumable_node(): each container's claim, with its share id."""
+    def dr(claim_name: str) -> tuple[DynamicResource, ...]:
+        return (DynamicResource(claim_name, "ml", (ClaimResource("gpu.nvidia.com", NODE, "gpu-1", "share"),)),)
+    return (PodResources("a", "ml", (PodResourcesContainer("ctr", (), dr("share-a")),)),
+            PodResources("b", "ml", (PodResourcesContainer("x", (), dr("share-b")),
+                                     PodResourcesContainer("y", (), dr("share-b")))))
+
+
+def test_consumable_capacity_grants_each_claim_its_consumed_memory_and_no_compute():
+    pods_raw, claims_raw = consumable_node({"memory": "4Gi"}, {"memory": "10Gi", "shares": "1"})
+    for answer in (None, consumable_answer(pods_raw)):
+        allocs, attr = run(pods_raw, claims_raw, slices(), answer)
+        assert sorted((a.container, a.scheme, a.uuid, a.whole, a.compute_percent, a.memory_bytes)
+                      for a in allocs.allocations) == [
+            ("ctr", "dra-consumable", U1, False, None, 4 * GIB),
+            ("x", "dra-consumable", U1, False, None, 5 * GIB),  # one claim named by two containers: split
+            ("y", "dra-consumable", U1, False, None, 5 * GIB),
+        ]
+        assert dict(allocs.skips) == {}
+        assert next(d for d in attr.devices if d.device.uuid == U1).mode == SHARE
+
+
+def test_consumable_capacity_without_memory_is_a_share_with_no_grant_and_bad_values_are_counted():
+    pods_raw, claims_raw = consumable_node({"memory": "0", "shares": "1"}, {"memory": "lots"})
+    allocs, _ = run(pods_raw, claims_raw, slices())
+    assert {(a.scheme, a.compute_percent, a.memory_bytes) for a in allocs.allocations} == {
+        ("dra-consumable", None, None)}
+    assert dict(allocs.skips) == {"dra_claim_malformed": 1}
+    pods_raw, claims_raw = consumable_node({"memory": "400Gi"}, ["not", "a", "map"])
+    allocs, _ = run(pods_raw, claims_raw, slices())
+    assert sorted((a.container, a.memory_bytes) for a in allocs.allocations) == [
+        ("ctr", 40 * GIB), ("x", None), ("y", None)]  # never more than the card; a list is no capacity map
+    assert dict(allocs.skips) == {"dra_claim_malformed": 1}
+
+
+_capacity = st.one_of(
+    _json, st.dictionaries(st.sampled_from(["memory", "shares", "gpu.nvidia.com/memory", "other.io/memory"]),
+                           st.one_of(_leaf, st.integers(-(1 << 60), 1 << 60), st.floats(allow_nan=True),
+                                     st.sampled_from(["4Gi", "1e30", "-1Mi", "0", "512Mi", "1.5Gi", "9Ei"])),
+                           max_size=3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(first=_capacity, second=_capacity, kubelet=st.booleans())
+def test_hostile_consumed_capacity_is_bounded_and_never_crashes(first, second, kubelet):
+    pods_raw, claims_raw = consumable_node(first, second)
+    allocs, _ = run(pods_raw, claims_raw, slices(), consumable_answer(pods_raw) if kubelet else None)
+    assert len(allocs.allocations) == 3
+    for a in allocs.allocations:
+        assert (a.scheme, a.uuid, a.whole, a.compute_percent) == ("dra-consumable", U1, False, None)
+        assert a.memory_bytes is None or 0 < a.memory_bytes <= 40 * GIB
+    assert set(allocs.skips) <= {"dra_claim_malformed"}

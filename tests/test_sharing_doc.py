@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from exporter.attribution import dra_sharing
-from exporter.attribution.dra import SCHEME_BY_STRATEGY, SCHEME_DRA, SCHEME_DRA_SHARED
+from exporter.attribution.dra import SCHEME_BY_STRATEGY, SCHEME_DRA, SCHEME_DRA_CONSUMABLE, SCHEME_DRA_SHARED
 from exporter.attribution.schemes import gke, gpushare, hami, nvidia, vcuda
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,9 +19,9 @@ _SNAKE = re.compile(r"`([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`")
 _ROW_SCHEMES = re.compile(r"`([a-z]+(?:-[a-z]+)*)`")
 
 SCHEMES = {
-    SCHEME_DRA, SCHEME_DRA_SHARED, *SCHEME_BY_STRATEGY.values(), hami.SCHEME_HAMI, gpushare.SCHEME_GPUSHARE,
-    vcuda.SCHEME_VCUDA, gke.SCHEME_GKE, gke.SCHEME_GKE_TIME_SHARING, gke.SCHEME_GKE_MPS, nvidia.SCHEME_NVIDIA,
-    nvidia.SCHEME_TIME_SLICING, nvidia.SCHEME_MPS, nvidia.SCHEME_SHARED,
+    SCHEME_DRA, SCHEME_DRA_SHARED, SCHEME_DRA_CONSUMABLE, *SCHEME_BY_STRATEGY.values(), hami.SCHEME_HAMI,
+    gpushare.SCHEME_GPUSHARE, vcuda.SCHEME_VCUDA, gke.SCHEME_GKE, gke.SCHEME_GKE_TIME_SHARING, gke.SCHEME_GKE_MPS,
+    nvidia.SCHEME_NVIDIA, nvidia.SCHEME_TIME_SLICING, nvidia.SCHEME_MPS, nvidia.SCHEME_SHARED,
 }
 
 

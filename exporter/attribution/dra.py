@@ -14,7 +14,9 @@ containers, of one pod or of several, is shared: its one grant (100 % and the de
 split evenly among them, so every claim counts once however many containers name it. A device under
 a sharing config of NVIDIA's driver (MPS, time-slicing: :mod:`exporter.attribution.dra_sharing`) is
 shared whatever its holders: each gets the MPS limits (``dra-mps``), or no fixed grant
-(``dra-time-slicing``).
+(``dra-time-slicing``). A device that allows several allocations (DRAConsumableCapacity: the result
+carries a ``shareID``) is not split: each claim holds the ``memory`` capacity its result consumed, the
+scheduler's booking, and no compute (``dra-consumable``); several containers naming that claim split it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from exporter.model import ContainerInfo, DeviceSample, DynamicResource, PodInfo
 
 SCHEME_DRA = "dra"
 SCHEME_DRA_SHARED = "dra-shared"
+SCHEME_DRA_CONSUMABLE = "dra-consumable"
 SCHEME_BY_STRATEGY = {dra_sharing.MPS: "dra-mps", dra_sharing.TIME_SLICING: "dra-time-slicing"}
 GPU_DRIVERS = frozenset({"gpu.nvidia.com"})  # devices of other drivers (compute domains, NICs) are no GPUs
 NOT_NVML = frozenset({"vfio"})  # passed through to a VM: NVML on the host does not list it
@@ -106,6 +109,9 @@ class _Holdings:
         self.grants: dict[str, dra_sharing.Grant] = {}  # uuid -> its holders' grant under a sharing config
         self._claim_grants: dict[tuple[str, str], dict[str, dra_sharing.Grant]] = {}
         self.expected: dict[ContainerKey, int] = {}  # DRA-backed extended resources: how many devices
+        # consumable capacity: (holder, uuid) -> (its claim, the memory the claim's results consumed there)
+        self.consumed: dict[tuple[ContainerKey, str], tuple[tuple[str, str], int | None]] = {}
+        self.claim_holders: dict[tuple[tuple[str, str], str], int] = {}
 
     def grants_of(self, claim: ClaimInfo) -> dict[str, dra_sharing.Grant]:
         """The sharing grants of a claim's devices by uuid, worked out once per claim (skips counted once)."""
@@ -127,7 +133,9 @@ class _Holdings:
             self._claim_grants[key] = out
         return self._claim_grants[key]
 
-    def add(self, key: ContainerKey, claim: ClaimInfo | None, triplet: Triplet) -> None:
+    def add(self, key: ContainerKey, claim: ClaimInfo | None, triplet: Triplet,
+            results: Sequence[ClaimResult] = ()) -> None:
+        """``key`` holds the device ``triplet`` through ``claim`` (its ``results`` on that device, when known)."""
         uuid = self.mapping.get(triplet)
         if uuid is None:
             if triplet[0] in GPU_DRIVERS:
@@ -137,6 +145,12 @@ class _Holdings:
             return  # one device, listed twice for one container (the kubelet's, or two requests)
         self.held[key].append(uuid)
         self.holders.setdefault(uuid, []).append(key)
+        shares = [r for r in results if r.share_id]
+        if claim is not None and shares:
+            consumed = [r.consumed_memory for r in shares if r.consumed_memory is not None]
+            claim_key = (claim.namespace, claim.name)
+            self.consumed[(key, uuid)] = (claim_key, sum(consumed) if consumed else None)
+            self.claim_holders[(claim_key, uuid)] = self.claim_holders.get((claim_key, uuid), 0) + 1
         if claim is not None:
             self.reserved[uuid] = max(self.reserved.get(uuid, 0), len(claim.reserved_for))
             grant = self.grants_of(claim).get(uuid)
@@ -146,14 +160,17 @@ class _Holdings:
     def from_kubelet(self, key: ContainerKey, entries: Sequence[DynamicResource], pc: PodClaims | None) -> None:
         for dr in entries:
             claim = self.claims.get((dr.claim_namespace, dr.claim_name))
-            results = {(r.driver, r.pool, r.device): r for r in claim.results} if claim else {}
+            results: dict[Triplet, list[ClaimResult]] = {}
+            for r in claim.results if claim else ():
+                results.setdefault((r.driver, r.pool, r.device), []).append(r)
             requests = _requests(pc, key[1], dr.claim_name)
             for cr in dr.claim_resources:
                 triplet = (cr.driver_name, cr.pool_name, cr.device_name)
-                result = results.get(triplet)
-                if result is not None and (result.admin_access or not _for_request(result, requests)):
+                listed = results.get(triplet, [])
+                mine = [r for r in listed if not r.admin_access and _for_request(r, requests)]
+                if listed and not mine:
                     continue  # monitoring access, or another container's request of the same claim
-                self.add(key, claim, triplet)
+                self.add(key, claim, triplet, mine)
 
     def from_claims(self, pod: PodInfo, key: ContainerKey, pc: PodClaims) -> None:
         for local, request in pc.containers.get(key[1], ()):
@@ -163,9 +180,12 @@ class _Holdings:
             if pod.uid not in claim.reserved_for:
                 self.skip("dra_claim_not_reserved")  # a pod naming a claim that is not its own
                 continue
+            mine: dict[Triplet, list[ClaimResult]] = {}
             for r in claim.results:
                 if not r.admin_access and _for_request(r, {request}):
-                    self.add(key, claim, (r.driver, r.pool, r.device))
+                    mine.setdefault((r.driver, r.pool, r.device), []).append(r)
+            for triplet, results in mine.items():
+                self.add(key, claim, triplet, results)
 
     def allocations(self) -> dict[ContainerKey, tuple[Allocation, ...]]:
         # A container whose nvidia.com/gpu DRA serves but whose claim is not read yet (or not its own) holds
@@ -181,6 +201,17 @@ class _Holdings:
                     out.setdefault((pod_uid, container), []).append(Allocation(
                         pod_uid, container, SCHEME_BY_STRATEGY[grant.strategy], False, uuid, grant.compute_percent,
                         grant.memory_bytes))
+                continue
+            for k in keys:  # consumable capacity: the claim's own booking, split among its holders only
+                if (k, uuid) in self.consumed:
+                    claim_key, memory = self.consumed[(k, uuid)]
+                    total = self.memory.get(uuid)
+                    each = (memory // self.claim_holders[(claim_key, uuid)] or None) if memory else None  # 0 B: none
+                    out.setdefault(k, []).append(Allocation(
+                        k[0], k[1], SCHEME_DRA_CONSUMABLE, False, uuid, None,
+                        min(each, total) if each is not None and total else each))
+            keys = [k for k in keys if (k, uuid) not in self.consumed]
+            if not keys:
                 continue
             n = len(keys)
             whole = n == 1 and self.reserved.get(uuid, 1) <= 1

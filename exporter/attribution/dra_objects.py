@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.attribution.dra_sharing import DeviceConfig, parse_configs
+from exporter.attribution.schemes.base import parse_quantity
 from exporter.model import EMPTY
 
 MAX_NAME = 253  # the longest object name (DNS subdomain); device and pool names are shorter
@@ -20,6 +21,7 @@ MAX_RESULTS = 32  # per claim: v1 AllocationResultsMaxSize
 MAX_RESERVED = 256  # per claim: v1 ResourceClaimReservedForMaxSize
 MAX_POD_CLAIMS = 32  # per pod, and claim references per container (the API's limits are lower)
 MAX_ATTRIBUTES = 32  # per device: v1 ResourceSliceMaxAttributesAndCapacitiesPerDevice
+MAX_CONSUMED_BYTES = 1 << 50  # a consumed memory capacity: far above any device's, far below a float's precision
 # The pod-local name given to the claim the scheduler made for DRA-backed extended resources (the pod's
 # status.extendedResourceClaimStatus): not a DNS label, so no claim of the pod's spec can be named so.
 EXTENDED = "<extended-resources>"
@@ -52,6 +54,10 @@ class ClaimResult:
     pool: str
     device: str
     admin_access: bool = False
+    # DRAConsumableCapacity (1.34+): one of several allocations of a device that allows them (shareID), and
+    # the bytes of the device's ``memory`` capacity it consumed (consumedCapacity), a scheduler's booking.
+    share_id: str = ""
+    consumed_memory: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,12 +163,31 @@ def parse_slices(objs: Iterable[Any], node: str, skip: Skip) -> list[SliceDevice
     return [d for d in devices if d.generation == newest[(d.driver, d.pool)]]
 
 
-def _result(raw: Any) -> ClaimResult | None:
+def _consumed_memory(driver: str, raw: Any, skip: Skip) -> int | None:
+    """``consumedCapacity.memory`` in bytes; None when absent, or malformed or absurd (counted)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        skip("dra_claim_malformed")
+        return None
+    value = next((v for k, v in list(raw.items())[:MAX_ATTRIBUTES]
+                  if isinstance(k, str) and k.removeprefix(driver + "/") == "memory"), None)
+    if value is None:
+        return None  # another capacity only (the driver's "shares")
+    q = parse_quantity(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
+    if q is None or q > MAX_CONSUMED_BYTES:
+        skip("dra_claim_malformed")
+        return None
+    return int(q)
+
+
+def _result(raw: Any, skip: Skip) -> ClaimResult | None:
     raw = _obj(raw)
     request, driver, pool, device = (_name(raw.get(k)) for k in ("request", "driver", "pool", "device"))
     if request is None or driver is None or pool is None or device is None:
         return None
-    return ClaimResult(request, driver, pool, device, raw.get("adminAccess") is True)
+    return ClaimResult(request, driver, pool, device, raw.get("adminAccess") is True,
+                       _name(raw.get("shareID")) or "", _consumed_memory(driver, raw.get("consumedCapacity"), skip))
 
 
 def parse_claims(objs: Iterable[Any], skip: Skip) -> dict[tuple[str, str], ClaimInfo]:
@@ -180,7 +205,7 @@ def parse_claims(objs: Iterable[Any], skip: Skip) -> dict[tuple[str, str], Claim
         results = []
         for raw in _list(_obj(_obj(allocation).get("devices")).get("results"), MAX_RESULTS, skip,
                          "dra_claim_malformed"):
-            r = _result(raw)
+            r = _result(raw, skip)
             if r is None:
                 skip("dra_claim_malformed")
             else:
