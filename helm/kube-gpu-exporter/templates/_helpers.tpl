@@ -94,6 +94,29 @@ true
 default
 {{- end -}}
 
+{{/* config.dcgmCompat under honorLabels false: the target labels namespace/pod/container (the
+     exporter's own pod) win over the DCGM_FI_* series' own, which Prometheus renames exported_*.
+     These metric relabelings, on DCGM_FI_* series only, put the series' own values back and drop
+     the exported_* copies; a series without them (a shared or unheld GPU, a MIG card's own) ends
+     with no namespace/pod/container at all, never the exporter's. docs/deploy.md#dcgm-workload-labels;
+     tests/test_helm_dcgm_labels.py runs them in a real Prometheus. */}}
+{{- define "kube-gpu-exporter.dcgmMetricRelabelings" -}}
+{{- range list "namespace" "pod" "container" }}
+- sourceLabels: [__name__, exported_{{ . }}]
+  regex: "DCGM_FI_.+;(.*)"
+  targetLabel: {{ . }}
+  replacement: "${1}"
+  action: replace
+{{- end }}
+{{- range list "namespace" "pod" "container" }}
+- sourceLabels: [__name__]
+  regex: "DCGM_FI_.+"
+  targetLabel: exported_{{ . }}
+  replacement: ""
+  action: replace
+{{- end }}
+{{- end -}}
+
 {{/* "true" when the container runs as uid 0: the kubelet's pod-resources socket is writable only
      by root, and CAP_SYSLOG (kernel.dmesg_restrict=1) is effective only for uid 0. */}}
 {{- define "kube-gpu-exporter.runAsRoot" -}}
