@@ -20,10 +20,25 @@ import re
 from typing import Any
 
 # The endpoint keys translated below; anything else in a rendered endpoint fails the translation.
-KNOWN_ENDPOINT_KEYS = {"port", "path", "scheme", "interval", "scrapeTimeout", "honorLabels", "relabelings",
-                       "metricRelabelings"}
-_RELABEL_KEYS = (("sourceLabels", "source_labels"), ("separator", "separator"), ("targetLabel", "target_label"),
-                 ("regex", "regex"), ("modulus", "modulus"), ("replacement", "replacement"), ("action", "action"))
+KNOWN_ENDPOINT_KEYS = {
+    "port",
+    "path",
+    "scheme",
+    "interval",
+    "scrapeTimeout",
+    "honorLabels",
+    "relabelings",
+    "metricRelabelings",
+}
+_RELABEL_KEYS = (
+    ("sourceLabels", "source_labels"),
+    ("separator", "separator"),
+    ("targetLabel", "target_label"),
+    ("regex", "regex"),
+    ("modulus", "modulus"),
+    ("replacement", "replacement"),
+    ("action", "action"),
+)
 # What the config-reloader substitutes for $(SHARD) in the operator's sharding rule: shard 0 of 1.
 SHARD = "0"
 
@@ -49,9 +64,16 @@ def relabel_config(rc: dict[str, Any]) -> dict[str, Any]:
 def _selector_rules(selector: dict[str, Any]) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = []
     for k in sorted(selector.get("matchLabels", {})):
-        rules.append({"action": "keep", "source_labels": [f"__meta_kubernetes_service_label_{sanitize(k)}",
-                      f"__meta_kubernetes_service_labelpresent_{sanitize(k)}"],
-                      "regex": f"({selector['matchLabels'][k]});true"})
+        rules.append(
+            {
+                "action": "keep",
+                "source_labels": [
+                    f"__meta_kubernetes_service_label_{sanitize(k)}",
+                    f"__meta_kubernetes_service_labelpresent_{sanitize(k)}",
+                ],
+                "regex": f"({selector['matchLabels'][k]});true",
+            }
+        )
     assert not selector.get("matchExpressions"), "matchExpressions: not translated (the chart renders none)"
     return rules
 
@@ -74,8 +96,13 @@ def _target_label_rules(port: str) -> list[dict[str, Any]]:
 def _sharding_rules(shard: str) -> list[dict[str, Any]]:
     """appendShardingRelabelingWithLabel for one shard; ``shard`` is what $(SHARD) becomes."""
     return [
-        {"source_labels": ["__address__", "__tmp_hash"], "target_label": "__tmp_hash", "regex": "(.+);",
-         "replacement": "$1", "action": "replace"},
+        {
+            "source_labels": ["__address__", "__tmp_hash"],
+            "target_label": "__tmp_hash",
+            "regex": "(.+);",
+            "replacement": "$1",
+            "action": "replace",
+        },
         {"source_labels": ["__tmp_hash"], "target_label": "__tmp_hash", "modulus": 1, "action": "hashmod"},
         {"source_labels": ["__tmp_hash", "__tmp_disable_sharding"], "regex": f"{shard};|.+;.+", "action": "keep"},
     ]
@@ -87,10 +114,16 @@ def scrape_job(monitor: dict[str, Any], index: int = 0, shard: str = SHARD) -> d
     ep = spec["endpoints"][index]
     unknown = set(ep) - KNOWN_ENDPOINT_KEYS
     assert not unknown, f"endpoint keys the translation does not know: {unknown}"
-    job: dict[str, Any] = {"job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/{index}",
-                           "honor_labels": bool(ep.get("honorLabels", False))}
-    for crd, prom in (("interval", "scrape_interval"), ("scrapeTimeout", "scrape_timeout"), ("path", "metrics_path"),
-                      ("scheme", "scheme")):
+    job: dict[str, Any] = {
+        "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/{index}",
+        "honor_labels": bool(ep.get("honorLabels", False)),
+    }
+    for crd, prom in (
+        ("interval", "scrape_interval"),
+        ("scrapeTimeout", "scrape_timeout"),
+        ("path", "metrics_path"),
+        ("scheme", "scheme"),
+    ):
         if ep.get(crd):
             job[prom] = ep[crd]
     rules: list[dict[str, Any]] = [{"source_labels": ["job"], "target_label": "__tmp_prometheus_job_name"}]
@@ -98,8 +131,14 @@ def scrape_job(monitor: dict[str, Any], index: int = 0, shard: str = SHARD) -> d
     rules += _target_label_rules(ep["port"])
     rules.append({"source_labels": ["__meta_kubernetes_service_name"], "target_label": "job", "replacement": "${1}"})
     if spec.get("jobLabel"):
-        rules.append({"source_labels": [f"__meta_kubernetes_service_label_{sanitize(spec['jobLabel'])}"],
-                      "target_label": "job", "regex": "(.+)", "replacement": "${1}"})
+        rules.append(
+            {
+                "source_labels": [f"__meta_kubernetes_service_label_{sanitize(spec['jobLabel'])}"],
+                "target_label": "job",
+                "regex": "(.+)",
+                "replacement": "${1}",
+            }
+        )
     rules.append({"target_label": "endpoint", "replacement": ep["port"]})
     rules += [relabel_config(r) for r in ep.get("relabelings", [])]
     rules += _sharding_rules(shard)
@@ -113,13 +152,21 @@ def endpoints_target(address: str, service: dict[str, Any], pod: str, container:
     """A static target with the meta labels the ``endpoints`` role gives ``address``: port ``port`` of
     ``service``, backed by container ``container`` of pod ``pod`` (Running, ready), in the Service's namespace."""
     ns = service["metadata"]["namespace"]
-    labels = {"__meta_kubernetes_namespace": ns, "__meta_kubernetes_endpoints_name": service["metadata"]["name"],
-              "__meta_kubernetes_service_name": service["metadata"]["name"],
-              "__meta_kubernetes_endpoint_port_name": port, "__meta_kubernetes_endpoint_port_protocol": "TCP",
-              "__meta_kubernetes_endpoint_ready": "true", "__meta_kubernetes_endpoint_address_target_kind": "Pod",
-              "__meta_kubernetes_endpoint_address_target_name": pod, "__meta_kubernetes_pod_name": pod,
-              "__meta_kubernetes_pod_container_name": container, "__meta_kubernetes_pod_container_port_name": port,
-              "__meta_kubernetes_pod_phase": "Running", "__meta_kubernetes_pod_ready": "true"}
+    labels = {
+        "__meta_kubernetes_namespace": ns,
+        "__meta_kubernetes_endpoints_name": service["metadata"]["name"],
+        "__meta_kubernetes_service_name": service["metadata"]["name"],
+        "__meta_kubernetes_endpoint_port_name": port,
+        "__meta_kubernetes_endpoint_port_protocol": "TCP",
+        "__meta_kubernetes_endpoint_ready": "true",
+        "__meta_kubernetes_endpoint_address_target_kind": "Pod",
+        "__meta_kubernetes_endpoint_address_target_name": pod,
+        "__meta_kubernetes_pod_name": pod,
+        "__meta_kubernetes_pod_container_name": container,
+        "__meta_kubernetes_pod_container_port_name": port,
+        "__meta_kubernetes_pod_phase": "Running",
+        "__meta_kubernetes_pod_ready": "true",
+    }
     for k, v in service["metadata"].get("labels", {}).items():
         labels[f"__meta_kubernetes_service_label_{sanitize(k)}"] = v
         labels[f"__meta_kubernetes_service_labelpresent_{sanitize(k)}"] = "true"

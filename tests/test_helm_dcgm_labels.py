@@ -33,8 +33,7 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 DATA = Path(__file__).resolve().parent / "data" / "prometheus-operator"
 GOLDEN_BLOB = "7187bf76296ff329647c0453eff6faf0001e763e"  # SOURCE.md there
 NAMESPACE = "gpu-monitoring"
-DCGM_ON = {**WITH_CRDS, "config": {"dcgmCompat": True},
-           "serviceMonitor": {"interval": "1s", "scrapeTimeout": "1s"}}
+DCGM_ON = {**WITH_CRDS, "config": {"dcgmCompat": True}, "serviceMonitor": {"interval": "1s", "scrapeTimeout": "1s"}}
 WORKLOAD = ("namespace", "pod", "container")
 # dcgm_node.yaml's holders: (gpu, GPU_I_ID or "") -> (namespace, pod, container); every other DCGM series
 # (the shared A10, the free MIG instance, the MIG card's own series, the idle H100) is nobody's.
@@ -46,8 +45,9 @@ MIG_CARD = ("2", "")  # the card's own power/temperature series: no pod either
 @cache
 def _render(values_json: str, release: str) -> tuple[dict, ...]:
     out = helm_python.Chart.load(CHART).render(json.loads(values_json), name=release, namespace=NAMESPACE)
-    return tuple(d for path, text in sorted(out.items()) if not path.endswith("NOTES.txt")
-                 for d in yaml.safe_load_all(text) if d)
+    return tuple(
+        d for path, text in sorted(out.items()) if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d
+    )
 
 
 def render(values: dict[str, Any], release: str) -> list[dict]:
@@ -85,16 +85,34 @@ def test_the_users_metric_relabelings_follow_the_charts() -> None:
 
 def test_the_translation_reproduces_the_operators_golden_output() -> None:
     """prometheus-operator's TestGenerateRelabelConfig: its ServiceMonitor, as the CRD spells it."""
-    monitor = {"metadata": {"name": "test", "namespace": "default"}, "spec": {
-        "selector": {"matchLabels": {"foo": "bar"}},
-        "endpoints": [{"port": "https-metrics", "interval": "30s",
-                       "metricRelabelings": [{"action": "Drop", "regex": "container_fs*", "sourceLabels": ["__name__"]},
-                                             {"action": "Replace", "replacement": "", "targetLabel": "job"}],
-                       "relabelings": [{"action": "Uppercase", "sourceLabels": ["instance"], "targetLabel": "instance"},
-                                       {"action": "Replace", "regex": "(.+)(?::d+)", "replacement": "$1:9537",
-                                        "sourceLabels": ["__address__"], "targetLabel": "__address__"},
-                                       {"action": "Replace", "replacement": "crio", "targetLabel": "job"},
-                                       {"action": "Replace", "replacement": "", "targetLabel": "job"}]}]}}
+    monitor = {
+        "metadata": {"name": "test", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"foo": "bar"}},
+            "endpoints": [
+                {
+                    "port": "https-metrics",
+                    "interval": "30s",
+                    "metricRelabelings": [
+                        {"action": "Drop", "regex": "container_fs*", "sourceLabels": ["__name__"]},
+                        {"action": "Replace", "replacement": "", "targetLabel": "job"},
+                    ],
+                    "relabelings": [
+                        {"action": "Uppercase", "sourceLabels": ["instance"], "targetLabel": "instance"},
+                        {
+                            "action": "Replace",
+                            "regex": "(.+)(?::d+)",
+                            "replacement": "$1:9537",
+                            "sourceLabels": ["__address__"],
+                            "targetLabel": "__address__",
+                        },
+                        {"action": "Replace", "replacement": "crio", "targetLabel": "job"},
+                        {"action": "Replace", "replacement": "", "targetLabel": "job"},
+                    ],
+                }
+            ],
+        },
+    }
     golden = yaml.safe_load((DATA / "GenerateRelabelConfig.golden").read_text())
     (expected,) = golden["scrape_configs"]
     expected.pop("kubernetes_sd_configs")
@@ -108,8 +126,10 @@ def test_the_golden_file_is_the_published_one() -> None:
 
 
 def test_the_translation_refuses_endpoint_settings_it_does_not_know() -> None:
-    monitor = {"metadata": {"name": "m", "namespace": "n"}, "spec": {
-        "selector": {"matchLabels": {}}, "endpoints": [{"port": "metrics", "honorTimestamps": False}]}}
+    monitor = {
+        "metadata": {"name": "m", "namespace": "n"},
+        "spec": {"selector": {"matchLabels": {}}, "endpoints": [{"port": "metrics", "honorTimestamps": False}]},
+    }
     with pytest.raises(AssertionError, match="honorTimestamps"):
         smx.scrape_job(monitor)
 
@@ -165,16 +185,26 @@ def test_dcgm_series_carry_the_workloads_labels_in_a_real_prometheus(tmp_path: P
                 job["job_name"] += "-control"
                 job["static_configs"][0]["labels"]["__meta_kubernetes_service_name"] = service = f"{service}-control"
             jobs[name] = (job, service, pod)
-        config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                  "scrape_configs": [j for j, _, _ in jobs.values()]}
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [j for j, _, _ in jobs.values()],
+        }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        subprocess.run([PROMTOOL, "check", "config",
-                        str(tmp_path / "prometheus.yml")], check=True, capture_output=True)
-        prom = _launch([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                        "--log.level=warn"], tmp_path / "prometheus.log", f"{base}/-/ready", "prometheus")
+        subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "prometheus.yml")], check=True, capture_output=True)
+        prom = _launch(
+            [
+                PROMETHEUS,
+                f"--config.file={tmp_path / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            tmp_path / "prometheus.log",
+            f"{base}/-/ready",
+            "prometheus",
+        )
         exposed = _exposed_dcgm(address)
         for name in ("fixed", "honor"):
             _check_job(base, address, *jobs[name], exposed)
@@ -194,10 +224,18 @@ def _key(s: dict[str, str]) -> tuple[str, str]:
 
 
 def _check_job(base: str, address: str, job: dict, service: str, pod: str, exposed: list[dict[str, str]]) -> None:
-    own = {"namespace": NAMESPACE, "pod": pod, "container": "exporter", "service": service, "endpoint": "metrics",
-           "job": "kube-gpu-exporter", "instance": address}
-    dcgm = poll(lambda: len(got := _series(base, f'{{__name__=~"DCGM_FI_.+",service="{service}"}}'))
-                >= len(exposed) and got, 30)
+    own = {
+        "namespace": NAMESPACE,
+        "pod": pod,
+        "container": "exporter",
+        "service": service,
+        "endpoint": "metrics",
+        "job": "kube-gpu-exporter",
+        "instance": address,
+    }
+    dcgm = poll(
+        lambda: len(got := _series(base, f'{{__name__=~"DCGM_FI_.+",service="{service}"}}')) >= len(exposed) and got, 30
+    )
     assert dcgm, f"{job['job_name']}: no DCGM series within 30 s"
     everything = _series(base, f'{{__name__=~".+",service="{service}"}}')
     assert not {k for s in everything for k in s if k.startswith("exported_")}, job["job_name"]
@@ -215,8 +253,11 @@ def _check_job(base: str, address: str, job: dict, service: str, pod: str, expos
     seen = {_key(s) for s in dcgm}
     assert set(HELD) | UNHELD | {MIG_CARD} <= seen
     # the exporter's own series and the native ones keep the target labels
-    for selector in (f'up{{service="{service}"}}', f'{{__name__=~"kube_gpu_exporter_.+",service="{service}"}}',
-                     f'nvidia_gpu_num_devices{{service="{service}"}}'):
+    for selector in (
+        f'up{{service="{service}"}}',
+        f'{{__name__=~"kube_gpu_exporter_.+",service="{service}"}}',
+        f'nvidia_gpu_num_devices{{service="{service}"}}',
+    ):
         found = _series(base, selector)
         assert found, selector
         for s in found:

@@ -94,6 +94,36 @@ true
 default
 {{- end -}}
 
+{{/* The label selectors of the nodes the DaemonSet may run on, one per required nodeSelectorTerm (the
+     scheduler ORs the terms), each with nodeSelector's pairs: kubectl's -l syntax, space-separated,
+     each quoted for a shell. NOTES.txt counts the nodes they select. */}}
+{{- define "kube-gpu-exporter.nodeSelectorsForKubectl" -}}
+{{- $base := list }}
+{{- range $k, $v := .Values.nodeSelector }}{{ $base = append $base (printf "%s=%s" $k $v) }}{{ end }}
+{{- $out := list }}
+{{- $terms := list }}
+{{- with .Values.affinity }}{{ with .nodeAffinity }}{{ with .requiredDuringSchedulingIgnoredDuringExecution }}
+{{- $terms = .nodeSelectorTerms }}
+{{- end }}{{ end }}{{ end }}
+{{- range $terms }}
+{{- $parts := $base }}
+{{- range .matchExpressions }}
+{{- $op := .operator }}
+{{- if and (eq $op "In") (eq (len .values) 1) }}{{ $parts = append $parts (printf "%s=%s" .key (first .values)) }}
+{{- else if eq $op "In" }}{{ $parts = append $parts (printf "%s in (%s)" .key (join "," .values)) }}
+{{- else if eq $op "NotIn" }}{{ $parts = append $parts (printf "%s notin (%s)" .key (join "," .values)) }}
+{{- else if eq $op "Exists" }}{{ $parts = append $parts .key }}
+{{- else if eq $op "DoesNotExist" }}{{ $parts = append $parts (printf "!%s" .key) }}
+{{- else if eq $op "Gt" }}{{ $parts = append $parts (printf "%s>%s" .key (first .values)) }}
+{{- else if eq $op "Lt" }}{{ $parts = append $parts (printf "%s<%s" .key (first .values)) }}
+{{- end }}
+{{- end }}
+{{- $out = append $out (printf "'%s'" (join "," $parts)) }}
+{{- end }}
+{{- if not $terms }}{{ $out = append $out (printf "'%s'" (join "," $base)) }}{{ end }}
+{{- join " " $out }}
+{{- end -}}
+
 {{/* config.dcgmCompat under honorLabels false: the target labels namespace/pod/container (the
      exporter's own pod) win over the DCGM_FI_* series' own, which Prometheus renames exported_*.
      These metric relabelings, on DCGM_FI_* series only, put the series' own values back and drop
