@@ -121,3 +121,20 @@ def test_nvlink_metrics_reach_the_daemon_from_flag_or_environment(argv, env, wan
 def test_nvlink_metrics_refuses_a_non_boolean():
     with pytest.raises(ConfigError, match="KUBE_GPU_EXPORTER_NVLINK_METRICS must be true or false"):
         load_config([], environ={"KUBE_GPU_EXPORTER_NVLINK_METRICS": "sometimes"})
+
+
+def test_xid_events_go_to_default_about_the_node_by_default() -> None:
+    cfg = load_config([], {})
+    assert (cfg.xid_events_namespace, cfg.xid_events_regarding) == ("default", "node")
+    cfg = load_config(["--xid-events-namespace", "kube-system"], {"KUBE_GPU_EXPORTER_XID_EVENTS_REGARDING": "pod"})
+    assert (cfg.xid_events_namespace, cfg.xid_events_regarding) == ("kube-system", "pod")
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--xid-events-namespace", "gpu-monitoring"], {}, "--xid-events-namespace must be default or kube-system"),
+    ([], {"KUBE_GPU_EXPORTER_XID_EVENTS_NAMESPACE": ""}, "KUBE_GPU_EXPORTER_XID_EVENTS_NAMESPACE must be default"),
+    (["--xid-events-regarding", "container"], {}, "--xid-events-regarding must be node or pod, got 'container'"),
+])
+def test_xid_events_refuses_what_the_api_server_would(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(argv, env)

@@ -34,7 +34,8 @@ WITH_CRDS = {"monitoring": {"assumeCRDsPresent": True}}
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"  # Debian's prometheus (scripts/test.sh)
 
 # Exporter flags the chart sets itself instead of through `config` (and how).
-CHART_SET_ENV = {"listen", "pod_resources_socket", "xid", "kmsg_path", "events"}
+CHART_SET_ENV = {"listen", "pod_resources_socket", "xid", "kmsg_path", "events", "xid_events_namespace",
+                 "xid_events_regarding"}
 CHART_SET_OTHER = {
     "host_proc",  # --host-proc argument
     "node_name",  # $NODE_NAME from the downward API
@@ -522,6 +523,42 @@ def test_rbac_shrinks_with_the_features(values, expected):
     assert rbac_grants(objs) == expected
     assert len(by_kind(objs, "ClusterRoleBinding")) == (1 if expected & PODS_NODES else 0)
     assert len(by_kind(objs, "RoleBinding")) == (1 if expected & EVENTS else 0)
+
+
+
+def test_xid_events_namespace_moves_the_role_and_reaches_the_exporter():
+    objs = render({"xid": {"eventsNamespace": "kube-system"}})
+    events = {("events.k8s.io", "events", v, "kube-system") for v in ("create", "patch")}
+    assert rbac_grants(objs) == PODS_NODES | events
+    env = env_of(objs)
+    assert (env["KUBE_GPU_EXPORTER_XID_EVENTS_NAMESPACE"], env["KUBE_GPU_EXPORTER_XID_EVENTS_REGARDING"]) == (
+        "kube-system", "node")
+    assert (env_of(render())["KUBE_GPU_EXPORTER_XID_EVENTS_NAMESPACE"]) == EVENT_NAMESPACE
+    cfg = load_config([], {k: v for k, v in env.items() if isinstance(v, str)})
+    assert (cfg.xid_events_namespace, cfg.xid_events_regarding) == ("kube-system", "node")
+
+
+def test_xid_events_about_pods_grant_events_cluster_wide_and_nothing_more():
+    objs = render({"xid": {"eventsRegarding": "pod", "kmsg": {"enabled": True}}})
+    events = {("events.k8s.io", "events", v, CLUSTER) for v in ("create", "patch")}
+    assert rbac_grants(objs) == PODS_NODES | events
+    assert not by_kind(objs, "Role") and not by_kind(objs, "RoleBinding")
+    (role,) = [r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-events")]
+    assert role["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+    assert env_of(objs)["KUBE_GPU_EXPORTER_XID_EVENTS_REGARDING"] == "pod"
+
+
+def test_xid_events_about_pods_need_the_kernel_log():
+    with pytest.raises(helm_python.HelmError, match=r"xid\.eventsRegarding=pod needs xid\.kmsg\.enabled=true"):
+        render({"xid": {"eventsRegarding": "pod"}})
+    # without Events, or without the API client, there is nothing to decide
+    assert render({"xid": {"eventsRegarding": "pod", "events": False}})
+
+
+@pytest.mark.parametrize("bad", [{"eventsNamespace": "gpu-monitoring"}, {"eventsRegarding": "container"}])
+def test_the_schema_refuses_event_places_the_api_server_would(bad):
+    with pytest.raises(helm_python.HelmValuesError):
+        helm_python.Chart.load(CHART).render({"xid": bad}, name=RELEASE, namespace=NAMESPACE)
 
 
 def test_existing_service_account():

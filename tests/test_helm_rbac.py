@@ -272,6 +272,25 @@ def test_kmsg_and_pod_resources_change_no_api_call(tmp_path: Path):
     assert granted == rbac_grants(render({}))
 
 
+
+@pytest.mark.e2e
+def test_events_about_pods_are_written_in_the_pods_namespace_with_the_cluster_wide_grant(tmp_path: Path):
+    values = {"xid": {"kmsg": {"enabled": True}, "eventsRegarding": "pod"}}
+    with exporter_as_the_chart_runs_it(values, tmp_path, nvml_xids=False) as run:
+        _wait_for_pod_and_node_reads(run)
+        run.append_kmsg_xids(seq=150)
+        creates = poll(lambda: run.api.requests_to("POST") or None, READY_S, "the kernel-log Xid's Event")
+        poll(lambda: run.xids_counted() == 2 or None, READY_S, "both kernel-log Xids counted")
+        recorded, granted = _recorded_vs_granted(values, run)
+    (event,) = [e for e in run.api.events() if e["reason"].startswith("NvidiaXid")]
+    assert event["regarding"]["kind"] == "Pod" and event["related"]["kind"] == "Node"
+    assert {r.path for r in creates} == {f"/apis/events.k8s.io/v1/namespaces/{event['regarding']['namespace']}/events"}
+    pod = load_scenario_dict(SCENARIO)["pods"][0]["metadata"]
+    assert (event["regarding"]["namespace"], event["regarding"]["name"]) == (pod["namespace"], pod["name"])
+    assert recorded == granted
+    others = {g for g in rbac_grants(render({})) if g[1] != "events"}
+    assert granted == others | {("events.k8s.io", "events", v, CLUSTER) for v in ("create", "patch")}
+
 @pytest.mark.e2e
 def test_without_events_no_event_is_written_and_none_granted(tmp_path: Path):
     values = {"xid": {"events": False, "kmsg": {"enabled": True}}}

@@ -12,6 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.xid.events import (
+    NODE_EVENT_NAMESPACES,
+    REGARDING,
+    REGARDING_POD,
     CreateEvent,
     EventPlanner,
     PatchSeries,
@@ -333,5 +336,68 @@ def test_writer_survives_an_unreachable_server(double: ApiServerDouble) -> None:
         (create2,) = EventPlanner("tok2", 0.0).observe(occ(), 0.0)
         writer.submit(create2)
         poll_until(lambda: writer.counts().posted == 1)
+    finally:
+        writer.close()
+
+
+# ---------------------------------------------------------------- where the Events go (--xid-events-*)
+
+
+@pytest.mark.parametrize("namespace", NODE_EVENT_NAMESPACES)
+def test_node_events_go_to_either_namespace_the_server_accepts(namespace: str) -> None:
+    body = wire(build_event(occ(), "n.x", first_seen=1.0, namespace=namespace))
+    assert body["metadata"]["namespace"] == namespace and body["regarding"]["kind"] == "Node"
+    assert validate_create(body, EVENTS_V1, namespace) == []
+
+
+def test_a_node_event_elsewhere_is_what_the_server_refuses() -> None:
+    """Why the flag takes only those two: the same body in a tenant namespace is refused."""
+    body = wire(build_event(occ(), "n.x", first_seen=1.0, namespace="team-a"))
+    assert validate_create(body, EVENTS_V1, "team-a")
+
+
+def test_regarding_pod_is_an_event_about_the_pod_in_its_namespace() -> None:
+    body = wire(build_event(occ(), "n.x", first_seen=1.0, namespace="kube-system", regarding=REGARDING_POD))
+    assert body["metadata"]["namespace"] == POD.namespace
+    assert body["regarding"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "team-a", "name": "trainer-0",
+                                 "uid": POD.uid, "fieldPath": "spec.containers{main}"}
+    assert body["related"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE}
+    assert validate_create(body, EVENTS_V1, POD.namespace) == []
+
+
+def test_regarding_pod_without_a_pod_is_the_nodes_event() -> None:
+    body = wire(build_event(occ(pod=None), "n.x", first_seen=1.0, namespace="kube-system", regarding=REGARDING_POD))
+    assert body["metadata"]["namespace"] == "kube-system" and body["regarding"]["kind"] == "Node"
+    assert "related" not in body and validate_create(body, EVENTS_V1, "kube-system") == []
+
+
+@pytest.mark.parametrize("regarding", REGARDING)
+def test_the_planner_keeps_the_choice_on_creates_and_recreates(regarding: str) -> None:
+    planner = EventPlanner("tok", 0.0, PlannerConfig(patch_interval_seconds=1, namespace="kube-system",
+                                                     regarding=regarding))
+    (create,) = planner.observe(occ(), 0.0)
+    planner.observe(occ(), 0.5)
+    (patch,) = planner.tick(2.0)
+    assert isinstance(create, CreateEvent) and isinstance(patch, PatchSeries)
+    want = POD.namespace if regarding == REGARDING_POD else "kube-system"
+    assert create.body["metadata"]["namespace"] == patch.recreate["metadata"]["namespace"] == want
+
+
+@pytest.mark.e2e
+def test_writer_posts_and_patches_each_event_in_its_own_namespace(double: ApiServerDouble) -> None:
+    planner = EventPlanner("tok", 0.0, PlannerConfig(patch_interval_seconds=1, rate=10, burst=10,
+                                                     namespace="kube-system", regarding=REGARDING_POD))
+    writer = make_writer(double)
+    try:
+        writes = planner.observe(occ(), 0.0) + planner.observe(occ(pod=None), 0.0) + planner.observe(occ(), 0.5)
+        for w in writes + planner.tick(2.0):
+            assert writer.submit(w)
+        poll_until(lambda: writer.counts().patched == 1 and writer.counts().posted == 2)
+        assert writer.counts().failed == 0
+        posts = {r.path for r in double.requests_to("POST")}
+        assert posts == {"/apis/events.k8s.io/v1/namespaces/team-a/events",
+                         "/apis/events.k8s.io/v1/namespaces/kube-system/events"}
+        (patch,) = double.requests_to("PATCH")
+        assert patch.path.startswith("/apis/events.k8s.io/v1/namespaces/team-a/events/")
     finally:
         writer.close()

@@ -220,9 +220,11 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
     if nvml_events:
         from exporter.xid.nvml_events import NvmlXidSource
         nvml_source = NvmlXidSource()  # the watcher's default clock (time.time) stamps both sources
+    from exporter.xid.events import PlannerConfig
+    events = PlannerConfig(namespace=cfg.xid_events_namespace, regarding=cfg.xid_events_regarding)
     watcher = XidWatcher(kmsg_path, node, resolve_bus_id, resolve_pid, sink,
                          replay_from_start=cfg.kmsg_replay, lookback_seconds=cfg.xid_lookback,
-                         nvml_source=nvml_source)
+                         nvml_source=nvml_source, event_config=events)
 
     def start() -> None:
         try:

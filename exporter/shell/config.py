@@ -18,6 +18,7 @@ from exporter.exposition.label_names import FIXED_LABELS as FIXED_LABELS  # publ
 from exporter.exposition.label_names import check_label_names
 from exporter.exposition.pod_labels import MAX_KEY_LENGTH, MAX_LABELS_PER_POD, PREFIX, AllowlistError, parse_allowlist
 from exporter.model import OneLineError
+from exporter.xid.events import EVENT_NAMESPACE, NODE_EVENT_NAMESPACES, REGARDING, REGARDING_NODE
 
 ENV_PREFIX = "KUBE_GPU_EXPORTER_"
 
@@ -54,6 +55,8 @@ class Config:
     web_config_file: str | None = None
     dcgm_compat: bool = False
     nvlink_metrics: bool = True
+    xid_events_namespace: str = EVENT_NAMESPACE
+    xid_events_regarding: str = REGARDING_NODE
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -123,6 +126,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--xid-nvml-events", True, "also take Xids from NVML events, deduplicated against the kernel log "
            "(works without kernel log access; off under --simulate)", bool),
     Option("--events", True, "post Kubernetes Events for Xid errors", bool),
+    Option("--xid-events-namespace", EVENT_NAMESPACE, "namespace of the Xid Events about the Node: default or "
+           "kube-system, the two the API server accepts for an Event about a cluster-scoped object "
+           "(docs/xid.md#where-the-events-go)"),
+    Option("--xid-events-regarding", REGARDING_NODE, "what an Xid of a known pod is an Event about: node (in "
+           "--xid-events-namespace, the pod as related), or pod (in the pod's namespace, where kubectl describe "
+           "pod shows it; needs create/patch on events in every namespace); Xids without a pod are the Node's"),
     Option("--log-level", "info", "debug, info, warning or error"),
     Option("--log-format", "text", "text, or json: one JSON object per line (time, level, logger, message, "
            "exception) for log pipelines"),
@@ -294,6 +303,11 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, c
     _check_pod_labels_allowlist(cfg, sources)
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{sources['log_level']} must be debug, info, warning or error, got {cfg.log_level!r}")
+    if cfg.xid_events_namespace not in NODE_EVENT_NAMESPACES:
+        raise ConfigError(f"{sources['xid_events_namespace']} must be default or kube-system (the API server "
+                          f"refuses an Event about a Node elsewhere), got {cfg.xid_events_namespace!r}")
+    if cfg.xid_events_regarding not in REGARDING:
+        raise ConfigError(f"{sources['xid_events_regarding']} must be node or pod, got {cfg.xid_events_regarding!r}")
     if cfg.log_format not in ("text", "json"):
         raise ConfigError(f"{sources['log_format']} must be text or json, got {cfg.log_format!r}")
     if cfg.web_config_file:

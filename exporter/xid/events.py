@@ -26,6 +26,12 @@ REPORTING_CONTROLLER = "kube-gpu-exporter.io/xid-watcher"
 ACTION = "GPUError"
 EVENT_TYPE = "Warning"
 EVENT_NAMESPACE = "default"  # where kubelet and node-problem-detector put Node events
+# An Event with eventTime about a cluster-scoped object (a Node) is accepted only in these
+# (the API server's legacyValidateEvent, pkg/apis/core/validation/events.go; tests/k8s_double).
+NODE_EVENT_NAMESPACES = ("default", "kube-system")
+REGARDING_NODE = "node"  # every Event is about the Node; the pod, when known, is its `related`
+REGARDING_POD = "pod"  # an Xid of a known pod: an Event about the Pod, in its namespace; others the Node's
+REGARDING = (REGARDING_NODE, REGARDING_POD)
 NOTE_LIMIT_BYTES = 1024  # the API server checks len() of the Go string: bytes
 FIELD_LIMIT = 128
 
@@ -205,28 +211,37 @@ def build_event(
     first_seen: float,
     series: tuple[int, float] | None = None,
     namespace: str = EVENT_NAMESPACE,
+    regarding: str = REGARDING_NODE,
 ) -> dict[str, Any]:
-    """The events.k8s.io/v1 Event (its JSON) for a series that started with ``occ`` at ``first_seen``."""
+    """The events.k8s.io/v1 Event (its JSON) for a series that started with ``occ`` at ``first_seen``.
+
+    ``namespace`` holds the Events about the Node; with ``regarding`` "pod" an Xid of a known pod is
+    an Event about that Pod, in the pod's namespace (where ``kubectl describe pod`` finds it).
+    """
+    # Kubelet's convention: a Node's UID in event references is its name.
+    node = {"apiVersion": "v1", "kind": "Node", "name": occ.node_name, "uid": occ.node_name}
+    pod: dict[str, Any] | None = None
+    if occ.pod:
+        pod = {"apiVersion": "v1", "kind": "Pod", "namespace": occ.pod.namespace, "name": occ.pod.name,
+               "uid": occ.pod.uid}
+        if occ.pod.container:
+            pod["fieldPath"] = f"spec.containers{{{occ.pod.container}}}"
+    about_pod = regarding == REGARDING_POD and pod is not None
     event: dict[str, Any] = {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": pod["namespace"] if about_pod and pod else namespace},
         "eventTime": _micro(first_seen),
         "type": EVENT_TYPE,
         "reason": event_reason(occ.report.xid),
         "action": ACTION,
         "reportingController": REPORTING_CONTROLLER,
         "reportingInstance": reporting_instance(occ.node_name),
-        # Kubelet's convention: a Node's UID in event references is its name.
-        "regarding": {"apiVersion": "v1", "kind": "Node", "name": occ.node_name, "uid": occ.node_name},
+        "regarding": pod if about_pod else node,
         "note": build_note(occ),
     }
-    if occ.pod:
-        related = {"apiVersion": "v1", "kind": "Pod", "namespace": occ.pod.namespace, "name": occ.pod.name,
-                   "uid": occ.pod.uid}
-        if occ.pod.container:
-            related["fieldPath"] = f"spec.containers{{{occ.pod.container}}}"
-        event["related"] = related
+    if pod is not None:
+        event["related"] = node if about_pod else pod
     if series:
         event["series"] = {"count": series[0], "lastObservedTime": _micro(series[1])}
     return event
@@ -264,7 +279,8 @@ class PlannerConfig:
     rate: float = 0.1  # writes per second, all series together
     burst: int = 25
     max_series: int = 4096
-    namespace: str = EVENT_NAMESPACE
+    namespace: str = EVENT_NAMESPACE  # of the Events about the Node (NODE_EVENT_NAMESPACES)
+    regarding: str = REGARDING_NODE  # REGARDING: what an Xid of a known pod is an Event about
 
 
 def continues(series: Series | None, now: float, cfg: PlannerConfig) -> bool:
@@ -280,7 +296,7 @@ def patch_due(series: Series, now: float, cfg: PlannerConfig) -> bool:
 def _patch(series: Series, cfg: PlannerConfig) -> PatchSeries:
     recreate = build_event(
         series.first, series.name, first_seen=series.first_seen,
-        series=(series.count, series.last_seen), namespace=cfg.namespace,
+        series=(series.count, series.last_seen), namespace=cfg.namespace, regarding=cfg.regarding,
     )
     return PatchSeries(series.name, series_patch(series.count, series.last_seen), recreate)
 
@@ -328,7 +344,8 @@ class EventPlanner:
             self._serial += 1
             name = event_name(occ.node_name, occ.report.xid, self._token, self._serial)
             self._series[key] = Series(name, occ, now, now, 1, 1, now)
-            body = build_event(occ, name, first_seen=now, namespace=self.cfg.namespace)
+            body = build_event(occ, name, first_seen=now, namespace=self.cfg.namespace,
+                               regarding=self.cfg.regarding)
             return [*writes, CreateEvent(name, body)]
         series = dataclasses.replace(series, count=series.count + 1, last_seen=now)
         self._series[key] = series

@@ -57,7 +57,7 @@ class EventsWriter:
     def __init__(
         self,
         api: KubeApi,
-        namespace: str = EVENT_NAMESPACE,
+        namespace: str = EVENT_NAMESPACE,  # for a write whose Event names none
         *,
         max_queue: int = 1000,
         max_attempts: int = 5,
@@ -163,10 +163,14 @@ class EventsWriter:
                     self._count(failed=1)
                     return
 
+    def _namespace_of(self, event: dict[str, Any]) -> str:
+        """The Event's own namespace (the Node's Events', or its pod's with --xid-events-regarding pod)."""
+        return event.get("metadata", {}).get("namespace") or self._namespace
+
     def _create(self, write: EventWrite) -> None:
         body = write.body if isinstance(write, CreateEvent) else write.recreate
         try:
-            self._api.create_event(self._namespace, body, timeout=self._timeout)
+            self._api.create_event(self._namespace_of(body), body, timeout=self._timeout)
         except ApiException as err:
             if err.status != 409:  # AlreadyExists: an earlier attempt got through
                 raise
@@ -174,7 +178,7 @@ class EventsWriter:
     def _patch(self, write: EventWrite) -> None:
         assert isinstance(write, PatchSeries)
         try:
-            self._api.patch_event(write.name, self._namespace, write.patch, timeout=self._timeout)
+            self._api.patch_event(write.name, self._namespace_of(write.recreate), write.patch, timeout=self._timeout)
         except ApiException as err:
             if err.status == 404:
                 raise _Gone from err

@@ -87,11 +87,18 @@ true
 {{- end -}}
 {{- end -}}
 
-{{/* The namespace the exporter writes its Events to: EVENT_NAMESPACE of exporter/xid/events.py,
-     where kubelet and node-problem-detector put Node events. The exporter has no flag for it, so
-     neither has the chart; tests/test_helm_rbac.py checks it against the Events the code writes. */}}
+{{/* The namespace of the Xid Events about the Node (xid.eventsNamespace, the exporter's
+     --xid-events-namespace); tests/test_helm_rbac.py checks it against the Events the code writes. */}}
 {{- define "kube-gpu-exporter.eventsNamespace" -}}
-default
+{{- .Values.xid.eventsNamespace | default "default" -}}
+{{- end -}}
+
+{{/* "true" when Xids of known pods become Events about the Pod, in the pods' namespaces
+     (xid.eventsRegarding pod): the events grant is then cluster-wide. */}}
+{{- define "kube-gpu-exporter.eventsAboutPods" -}}
+{{- if eq (.Values.xid.eventsRegarding | default "node") "pod" -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{/* The label selectors of the nodes the DaemonSet may run on, one per required nodeSelectorTerm (the
@@ -185,6 +192,9 @@ true
      default label names: each one that is rendered refuses other names (a renamed label would
      leave its queries silently empty). */}}
 {{- define "kube-gpu-exporter.validate" -}}
+{{- if and (include "kube-gpu-exporter.eventsAboutPods" .) (include "kube-gpu-exporter.events" .) (not (include "kube-gpu-exporter.kmsg" .)) -}}
+{{- fail "xid.eventsRegarding=pod needs xid.kmsg.enabled=true: only the kernel log names the process (hence the pod) of an Xid; NVML events do not (docs/xid.md#where-the-events-go)." -}}
+{{- end -}}
 {{- range $key := list "privileged" "kmsgHostPath" -}}
 {{- if hasKey $.Values.xid $key -}}
 {{- fail (printf "xid.%s was replaced by xid.kmsg (enabled, hostPath, privileged, runAsRoot): the kernel log is now an opt-in, Xids come from NVML events by default (docs/deploy.md#security-context)." $key) -}}
