@@ -317,7 +317,7 @@ health_devices = st.fixed_dictionaries(
     {"uuid": st.just("GPU-R"), "name": st.just("R"), "memory_total_bytes": st.integers(0, 2**40)},
     optional={**{k: st.integers(0, top) for k, top in HEALTH_INTS.items()},
               "power_usage_milliwatts": st.integers(0, 2**32 - 1), "nvlinks": _links(),
-              "gpm": st.fixed_dictionaries({}, optional={k: st.floats(0, 1) for k in GPM_KEYS}),
+              "gpm": st.fixed_dictionaries({}, optional={k: st.floats(0, 1) for k in sorted(GPM_KEYS)}),
               "not_supported": st.lists(st.sampled_from(sorted(HEALTH_KEYS | {"power", "memory"})), unique=True)},
 ).flatmap(lambda d: st.fixed_dictionaries(
     {k: st.just(v) for k, v in d.items()},
