@@ -30,6 +30,11 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
+# Where pip takes the locked files from: the package index by default (the release workflow);
+# scripts/build-image.sh points these at its wheelhouse, mounted for the build, so that a machine
+# without network builds the same files (pip checks the same hashes either way).
+ARG PIP_NO_INDEX=0
+ARG PIP_FIND_LINKS=
 WORKDIR /src
 COPY requirements-build.lock requirements.lock ./
 # The build tools (setuptools, build), hash-checked, in a virtualenv that stays in this stage.
@@ -58,10 +63,14 @@ ENV PATH=/opt/kube-gpu-exporter/bin:$PATH \
     NVIDIA_DRIVER_CAPABILITIES=utility
 COPY --from=build /opt/kube-gpu-exporter /opt/kube-gpu-exporter
 # Not --system: 9400 is above SYS_UID_MAX, which would only earn a warning. --no-log-init keeps
-# lastlog/faillog entries (sparse files sized by the uid) out of the layer.
+# lastlog/faillog entries (sparse files sized by the uid) out of the layer. Then the base's own
+# installers go: the official image's pip, setuptools and wheel, the wheels ensurepip and Debian's
+# python3-venv would install; the exporter's virtualenv has none (tests/test_image.py checks).
 RUN groupadd --gid 9400 kube-gpu-exporter \
  && useradd --uid 9400 --gid 9400 --no-log-init --no-create-home --home-dir /nonexistent \
-        --shell /usr/sbin/nologin kube-gpu-exporter
+        --shell /usr/sbin/nologin kube-gpu-exporter \
+ && rm -rf /usr/local/bin/pip* /usr/local/bin/wheel /usr/local/lib/python3*/site-packages/* \
+        /usr/local/lib/python3*/ensurepip/_bundled /usr/lib/python3*/ensurepip/_bundled /usr/share/python-wheels
 # Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd; the same
 # uid/gid as the chart's securityContext (tests/test_dockerfile.py checks both).
 USER 9400:9400

@@ -51,6 +51,7 @@ fi
 
 pids=()
 names=()
+# shellcheck disable=SC2317  # called by the traps below
 cleanup() {
   trap - EXIT INT TERM
   local i

@@ -21,6 +21,9 @@ command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)  # actionlint checks the workflows' run: scripts with it
+# tests/test_image.py builds the image with scripts/build-image.sh: buildah, and mmdebstrap for its Debian base
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing apt packages: ${need[*]}"
   # Keep Debian's init scripts from starting Prometheus/Alertmanager/VictoriaMetrics on their default ports.

@@ -9,7 +9,8 @@ files from the wheelhouse and no index (PIP_NO_INDEX and PIP_FIND_LINKS; the RUN
 untouched), so a lock that misses a package, a wrong hash or a wheel that does not build from the
 copied files fails here. Then the runtime stage: the virtualenv it copies, its ENV and its
 ENTRYPOINT, run from a directory outside the checkout. Not run: the runtime stage's groupadd,
-useradd and USER (root-only changes to the system, checked as text by tests/test_dockerfile.py).
+useradd, the removal of the base's installers and USER (root-only changes to the system, checked
+as text by tests/test_dockerfile.py; the built image itself is tests/test_image.py).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def build(root: Path) -> Built:
     for ins in build_stage().instructions:
         if ins.cmd == "ENV":
             apply_env(ins.args, env, move)
+        elif ins.cmd == "ARG":  # a build argument: the value this replay passes (its pip settings), else the default
+            key, _, default = ins.args.partition("=")
+            env.setdefault(key, default)
         elif ins.cmd == "WORKDIR":
             cwd = Path(move(ins.args))
             cwd.mkdir(parents=True, exist_ok=True)
@@ -195,4 +199,4 @@ def test_replay_covers_every_build_instruction() -> None:
     """The replay above knows every instruction the Dockerfile uses; a new kind fails it loudly."""
     _, stages = dockerfile()
     assert {i.cmd for s in stages for i in s.instructions} <= {
-        "ENV", "WORKDIR", "COPY", "RUN", "LABEL", "USER", "EXPOSE", "ENTRYPOINT"}
+        "ARG", "ENV", "WORKDIR", "COPY", "RUN", "LABEL", "USER", "EXPOSE", "ENTRYPOINT"}

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/run-simulated.sh and scripts/run-demo.sh (from the repository root):
 # make .venv and install the exporter into it, again only when pyproject.toml or a file of the
 # package changed since the last install (a hash of them is kept in .venv/.kube-gpu-exporter.stamp).
