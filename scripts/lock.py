@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write requirements.lock and requirements-build.lock: every package pinned, with its wheels' hashes.
+"""Write requirements.lock, requirements-kubeconfig.lock and requirements-build.lock: every package
+pinned, with its wheels' hashes.
 
     python scripts/lock.py            # needs the package index (network); rewrites both files
 
@@ -7,7 +8,9 @@ requirements.lock holds the runtime dependencies of pyproject.toml and everythin
 the Dockerfile installs it with `pip install --require-hashes --no-deps`, then the wheel with
 --no-deps, so the image gets exactly these files and pip resolves nothing. requirements-build.lock
 holds the build backend (pyproject's [build-system] requires) and `build`, for the image's build
-stage and the release workflow.
+stage and the release workflow. requirements-kubeconfig.lock holds what the `kubeconfig` extra adds
+to the runtime lock (the `kubernetes` package and its dependencies): not in the image, installed
+beside requirements.lock where a kubeconfig is read, and by the test suite.
 
 How: pip resolves (`pip install --dry-run --report`, nothing installed) for CPython 3.11 on
 manylinux x86_64, wheels only, the runtime dependencies *together with the test extra*, so the
@@ -139,11 +142,15 @@ def main() -> int:
     test = pyproject["project"]["optional-dependencies"]["test"]
     report = resolve(runtime + test, ARCHES[0])
     pins = closure(runtime, report)
+    kubeconfig = pyproject["project"]["optional-dependencies"]["kubeconfig"]
+    kube_pins = {n: v for n, v in closure(runtime + kubeconfig, report).items() if n not in pins}
     build = [*pyproject["build-system"]["requires"], "build"]
     build_pins = closure(build, resolve(build, ARCHES[0]))
     for path, what, p in (
         (ROOT / "requirements.lock", "The runtime dependencies of kube-gpu-exporter, as the image installs them.",
          pins),
+        (ROOT / "requirements-kubeconfig.lock",
+         "What the kubeconfig extra adds to requirements.lock (not in the image): install both together.", kube_pins),
         (ROOT / "requirements-build.lock", "The build backend and frontend of kube-gpu-exporter's wheel and sdist.",
          build_pins),
     ):

@@ -41,13 +41,14 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# The image's dependencies exactly (requirements.lock) and the build tools (requirements-build.lock),
-# hash-checked, through .wheelhouse/, which the Dockerfile and wheel tests install from offline;
-# then the test extra around them, the package built by the locked setuptools.
+# The image's dependencies exactly (requirements.lock), the kubeconfig extra's (requirements-kubeconfig.lock,
+# not in the image: the suite reads kubeconfigs with the real kubernetes client) and the build tools
+# (requirements-build.lock), hash-checked, through .wheelhouse/, which the Dockerfile and wheel tests
+# install from offline; then the test extra around them, the package built by the locked setuptools.
 .venv/bin/python -m pip download -q --require-hashes --no-deps -d .wheelhouse \
-  -r requirements.lock -r requirements-build.lock
+  -r requirements.lock -r requirements-kubeconfig.lock -r requirements-build.lock
 .venv/bin/python -m pip install -q --require-hashes --no-deps --no-index --find-links .wheelhouse \
-  -r requirements.lock -r requirements-build.lock
+  -r requirements.lock -r requirements-kubeconfig.lock -r requirements-build.lock
 .venv/bin/python -m pip install -q --no-build-isolation -e '.[test]'
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q -p no:cacheprovider ${lane[@]+"${lane[@]}"} "$@"

@@ -25,6 +25,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_LOCK = ROOT / "requirements.lock"
 BUILD_LOCK = ROOT / "requirements-build.lock"
+KUBECONFIG_LOCK = ROOT / "requirements-kubeconfig.lock"  # the kubeconfig extra, beside RUNTIME_LOCK
 WHEELHOUSE = ROOT / ".wheelhouse"
 # the base interpreter of the test virtualenv: what `python` is in the image's python:3.11 base
 BASE_PYTHON = Path(getattr(sys, "_base_executable", sys.executable))

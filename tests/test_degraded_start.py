@@ -35,6 +35,21 @@ def test_unusable_kubeconfig(tmp_path: Path, capsys: pytest.CaptureFixture[str],
 
 
 @pytest.mark.e2e
+def test_a_kubeconfig_without_the_kubeconfig_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The image has no kubernetes package (the kubeconfig extra): --kubeconfig says how to get it, in one line."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ImportError, as in the image
+    path = tmp_path / "kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\ncurrent-context: x\n")
+    rc = main(["--kubeconfig", str(path), "--listen", "127.0.0.1:19999", "--node-name", "n1", "--no-xid"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("kube-gpu-exporter: error: --kubeconfig ") and "kube-gpu-exporter[kubeconfig]" in err, err
+
+
+@pytest.mark.e2e
 def test_no_cluster_and_no_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -169,9 +169,11 @@ def test_the_entrypoint_runs_the_installed_package_outside_the_checkout(built: B
     assert re.search(rf'^kube_gpu_exporter_build_info\{{version="{re.escape(__version__)}"\}} 1(\.0)?$', metrics, re.M)
     assert "nvidia_gpu_duty_cycle{" in metrics
     where = subprocess.run([str(built.runtime_venv / "bin" / "python"), "-I", "-c",
-                            "import exporter, grpclib, kubernetes; print(exporter.__file__, grpclib.__file__)"],
+                            "import importlib.util, exporter, grpclib; print(exporter.__file__, grpclib.__file__); "
+                            "print(importlib.util.find_spec('kubernetes'))"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True).stdout.split()
-    assert all(Path(p).is_relative_to(built.runtime_venv) for p in where), where
+    assert all(Path(p).is_relative_to(built.runtime_venv) for p in where[:2]), where
+    assert where[2:] == ["None"], "the kubeconfig extra (the kubernetes client) is not in the image"
     print("build steps (s):", built.seconds)
 
 

@@ -1,4 +1,5 @@
-"""requirements.lock and requirements-build.lock: pinned, hashed, complete, and what the suite runs.
+"""requirements.lock, requirements-kubeconfig.lock and requirements-build.lock: pinned, hashed, complete,
+and what the suite runs.
 
 Offline: the lock's shape is read strictly (tests/release_support.parse_lock), its coverage is
 checked against pyproject.toml and the installed packages' own metadata (every dependency of a
@@ -24,10 +25,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from exporter import __version__
-from tests.release_support import BUILD_LOCK, ROOT, RUNTIME_LOCK, offline_pip_env, parse_lock, run
+from tests.release_support import BUILD_LOCK, KUBECONFIG_LOCK, ROOT, RUNTIME_LOCK, offline_pip_env, parse_lock, run
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 RUNTIME = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]]
+KUBECONFIG = [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["kubeconfig"]]
+LOCKS = (RUNTIME_LOCK, KUBECONFIG_LOCK, BUILD_LOCK)
 BUILD = [Requirement(r) for r in PYPROJECT["build-system"]["requires"]] + [Requirement("build")]
 RELOCK = "run `python scripts/lock.py` (docs/release.md#dependencies)"
 
@@ -57,8 +60,8 @@ def _closure(roots: list[Requirement]) -> set[str]:
     return seen
 
 
-def test_both_locks_have_the_generators_shape() -> None:
-    for lock in (RUNTIME_LOCK, BUILD_LOCK):
+def test_the_locks_have_the_generators_shape() -> None:
+    for lock in LOCKS:
         pins = parse_lock(lock)
         assert list(pins) == sorted(pins), f"{lock.name}: sorted by name, as scripts/lock.py writes it"
         assert "python scripts/lock.py" in lock.read_text().split("\n", 3)[1], f"{lock.name}: the header says how"
@@ -70,6 +73,10 @@ def test_every_runtime_dependency_is_locked_at_a_version_it_allows() -> None:
         pin = pins.get(canonicalize_name(req.name))
         assert pin, f"{req.name} is a runtime dependency but not in requirements.lock: {RELOCK}"
         assert req.specifier.contains(pin.version, prereleases=True), f"{req} does not allow {pin.version}: {RELOCK}"
+    kube = parse_lock(KUBECONFIG_LOCK)
+    for req in KUBECONFIG:
+        pin = kube.get(canonicalize_name(req.name))
+        assert pin and req.specifier.contains(pin.version), f"{req} in requirements-kubeconfig.lock: {RELOCK}"
     build = parse_lock(BUILD_LOCK)
     for req in BUILD:
         pin = build.get(canonicalize_name(req.name))
@@ -78,7 +85,7 @@ def test_every_runtime_dependency_is_locked_at_a_version_it_allows() -> None:
 
 def test_the_test_virtualenv_runs_the_locked_versions() -> None:
     """The suite tests what the image ships: scripts/test.sh installs the locks before the test extra."""
-    for lock in (RUNTIME_LOCK, BUILD_LOCK):
+    for lock in LOCKS:
         for pin in parse_lock(lock).values():
             try:
                 installed = importlib.metadata.version(pin.name)
@@ -94,13 +101,17 @@ def test_the_runtime_lock_is_closed_and_holds_nothing_else() -> None:
     needed = _closure(RUNTIME)
     assert needed - locked == set(), f"needed but not locked: {sorted(needed - locked)}: {RELOCK}"
     assert locked - needed == set(), f"locked but needed by nothing: {sorted(locked - needed)}: {RELOCK}"
+    # the kubeconfig extra's lock: what the extra adds to the runtime's, nothing of it twice
+    kube_locked, kube_needed = set(parse_lock(KUBECONFIG_LOCK)), _closure(RUNTIME + KUBECONFIG) - needed
+    assert kube_locked == kube_needed, f"requirements-kubeconfig.lock: {RELOCK}"
+    assert "kubernetes" in kube_locked and "kubernetes" not in locked, "the image leaves the kubeconfig extra out"
     build_locked, build_needed = set(parse_lock(BUILD_LOCK)), _closure(BUILD)
     assert build_locked == build_needed, f"requirements-build.lock: {RELOCK}"
 
 
 def test_binary_packages_have_a_wheel_hash_per_platform() -> None:
     """A compiled package needs its x86_64 and its aarch64 wheel's hash; a pure one has one file."""
-    for lock in (RUNTIME_LOCK, BUILD_LOCK):
+    for lock in LOCKS:
         for pin in parse_lock(lock).values():
             tags = [line.split(":", 1)[1].strip() for line in
                     (importlib.metadata.distribution(pin.name).read_text("WHEEL") or "").splitlines()
@@ -111,11 +122,12 @@ def test_binary_packages_have_a_wheel_hash_per_platform() -> None:
 
 @pytest.mark.e2e
 def test_pip_reads_the_locks_in_hash_checking_mode(tmp_path) -> None:
-    """pip itself parses both files with --require-hashes, offline: everything is already installed at
+    """pip itself parses the lock files with --require-hashes, offline: everything is already installed at
     the pinned version (the test above), so nothing would be fetched."""
     report = tmp_path / "report.json"
     run([sys.executable, "-m", "pip", "install", "--dry-run", "--require-hashes", "--no-deps", "--quiet",
-         "--report", str(report), "-r", str(RUNTIME_LOCK), "-r", str(BUILD_LOCK)], cwd=tmp_path,
+         "--report", str(report), "-r", str(RUNTIME_LOCK), "-r", str(KUBECONFIG_LOCK), "-r", str(BUILD_LOCK)],
+        cwd=tmp_path,
         env=offline_pip_env())  # fmt: skip
     assert json.loads(report.read_text())["install"] == []
 

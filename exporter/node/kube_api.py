@@ -9,7 +9,8 @@ bodies and content types, so the API server (and tests/k8s_double) sees no diffe
 Configuration (:func:`build_api_client`): an explicit URL, a kubeconfig, the in-cluster service
 account (``KUBERNETES_SERVICE_HOST``/``PORT``, its token re-read when the kubelet rotates the file,
 its CA), or ``$KUBECONFIG``/``~/.kube/config``. Only a kubeconfig loads the ``kubernetes`` package
-(exec plugins, OIDC, client certificates), and only then.
+(exec plugins, OIDC, client certificates), and only then; it is the ``kubeconfig`` extra, not in the
+image.
 
 Each thread keeps one connection alive for its requests; a request that fails on a connection the
 server closed while idle is sent once more on a new one. A watch gets a connection of its own,
@@ -250,8 +251,9 @@ def from_kubeconfig(path: str) -> KubeApi:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
     except ImportError:
-        raise KubeConfigError("reading a kubeconfig needs the kubernetes package (pip install kubernetes); "
-                              "in a cluster the service account needs nothing") from None
+        raise KubeConfigError("reading a kubeconfig needs the kubeconfig extra "
+                              "(pip install 'kube-gpu-exporter[kubeconfig]'); in a cluster the service account "
+                              "needs nothing") from None
 
     cfg = client.Configuration()
     try:
