@@ -3,12 +3,14 @@
 
     python scripts/package_chart.py -o dist [--image-repository ghcr.io/OWNER/kube-gpu-exporter]
 
-The chart in the checkout defaults `image.repository` to a bare `kube-gpu-exporter` (an image you
-build yourself); a released chart points at the image the release pushed, so that installing it
-takes no --set. This copies the chart, rewrites that one line of values.yaml (an error unless it is
-there exactly once), and packages the copy with the `helm` command where it is on PATH (the release
-workflow), else with helm-python-sdk's binding of the same Helm Go code (the tests, offline). The
-archive is <name>-<chart version>.tgz; its Chart.yaml keeps version and appVersion as committed.
+The chart in the checkout defaults `image.repository` to the image the release workflow pushes for
+this repository (ghcr.io/kube-gpu-exporter/kube-gpu-exporter); the release passes the repository it
+pushed (ghcr.io/<its owner>/kube-gpu-exporter), the same one here and a fork's own elsewhere, so
+that installing the released chart takes no --set. This copies the chart, rewrites that one line of
+values.yaml (an error unless it is there exactly once), and packages the copy with the `helm`
+command where it is on PATH (the release workflow), else with helm-python-sdk's binding of the same
+Helm Go code (the tests, offline). The archive is <name>-<chart version>.tgz; its Chart.yaml keeps
+version and appVersion as committed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "kube-gpu-exporter"
-DEFAULT_LINE = "  repository: kube-gpu-exporter\n"
+PUBLISHED = "ghcr.io/kube-gpu-exporter/kube-gpu-exporter"  # what the release of github.com/kube-gpu-exporter pushes
+DEFAULT_LINE = f"  repository: {PUBLISHED}\n"
 
 
 def set_image_repository(values: str, repository: str) -> str:

@@ -461,7 +461,7 @@ def test_image_defaults_to_app_version_and_digest_wins():
 
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__  # the package version (exporter/_version.py)
-    assert container(render())["image"] == f"kube-gpu-exporter:{chart['appVersion']}"
+    assert container(render())["image"] == f"ghcr.io/kube-gpu-exporter/kube-gpu-exporter:{chart['appVersion']}"
     digest = "sha256:" + "a" * 64
     image = container(render({"image": {"repository": "r.example/kgx", "digest": digest}}))["image"]
     assert image == f"r.example/kgx@{digest}"

@@ -96,6 +96,29 @@ def test_the_packaged_chart_has_the_app_version_and_the_published_image(tmp_path
     assert container["image"] == f"{repo}:{__version__}"
 
 
+def test_the_charts_default_image_is_the_one_the_release_pushes() -> None:
+    """The committed chart runs the image the release workflow pushes for this repository (the owner its
+    runbook URLs name), and the install commands name that chart at the current chart version."""
+    from exporter.bundle.alerts.options import DEFAULT_RUNBOOK_URL
+
+    owner = re.match(r"https://github\.com/([^/]+)/kube-gpu-exporter/", DEFAULT_RUNBOOK_URL).group(1)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["image"]["repository"] == package_chart.PUBLISHED == f"ghcr.io/{owner}/kube-gpu-exporter"
+    (meta,) = [s for s in _steps() if s.get("uses", "").startswith("docker/metadata-action@")]
+    assert meta["with"]["images"] == "ghcr.io/${{ needs.verify.outputs.owner }}/kube-gpu-exporter"
+    runs = "\n".join(s.get("run", "") for s in _steps())
+    assert '--image-repository "ghcr.io/${OWNER}/kube-gpu-exporter"' in runs
+    assert 'echo "owner=${GITHUB_REPOSITORY_OWNER,,}"' in runs  # lower-cased, as ghcr.io wants it
+    chart_line = f"oci://ghcr.io/{owner}/charts/kube-gpu-exporter --version {CHART_META['version']}"
+    for path in ("README.md", "docs/deploy.md", "CHANGELOG.md"):
+        text = (ROOT / path).read_text()
+        assert "<owner>" not in text, f"{path}: a placeholder the user has to guess"
+        assert chart_line in text, f"{path}: {chart_line}"
+    install = (ROOT / "README.md").read_text().split("## Install\n", 1)[1].split("\n## ", 1)[0]
+    assert "scripts/build-image.sh" in install and f"localhost/kube-gpu-exporter:{__version__}" in install
+    assert f"{package_chart.PUBLISHED}:{__version__}" in install
+
+
 def test_the_image_line_is_rewritten_exactly_once() -> None:
     with pytest.raises(SystemExit, match="exactly one line"):
         package_chart.set_image_repository("image:\n  repository: other\n", "r")
