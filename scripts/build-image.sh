@@ -47,6 +47,10 @@ PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
+if ! "$PY" -m pip --version >/dev/null 2>&1; then
+  say "$PY has no pip to check and fetch the locked wheels: set PYTHON, or run scripts/test.sh once (it makes .venv)"
+  exit 1
+fi
 download=("$PY" -m pip download -q --require-hashes --no-deps --only-binary=:all: -d .wheelhouse
           -r requirements.lock -r requirements-build.lock)
 if ! "${download[@]}" --no-index --find-links .wheelhouse 2>/dev/null; then
