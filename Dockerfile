@@ -5,8 +5,9 @@
 #   docker run --rm -p 9400:9400 -v "$PWD/examples:/examples:ro" kube-gpu-exporter:dev \
 #       --simulate /examples/seed-cgpu-t4.yaml
 #
-# Released images (linux/amd64 and linux/arm64) come from .github/workflows/release.yml; building
-# your own is docs/deploy.md#build-your-own-image. Reproducible by construction: pip resolves
+# Released images (linux/amd64 and linux/arm64) come from .github/workflows/release.yml;
+# scripts/build-image.sh builds this file with buildah, without Docker or a registry (a Debian base
+# when the python image cannot be pulled); building your own is docs/deploy.md#build-your-own-image. Reproducible by construction: pip resolves
 # nothing. The build tools come from requirements-build.lock and the runtime dependencies from
 # requirements.lock (scripts/lock.py writes both), every file checked against its sha256
 # (--require-hashes), each installed with --no-deps; the exporter's wheel goes in last, --no-deps.
