@@ -7,7 +7,8 @@
 #   2. the base: the Dockerfile's default (the official python image) when it is in local storage or
 #      can be pulled within PULL_TIMEOUT seconds; otherwise a Debian bookworm base with Debian's
 #      Python 3.11, made by mmdebstrap once and cached in .cache/image-base/ (and in buildah's storage);
-#      BASE_IMAGE=<reference> picks one that is already in local storage;
+#      BASE_IMAGE=<reference> picks one that is already in local storage; REFRESH_BASE=1 makes the
+#      Debian base anew (Debian's updates since the cached one);
 #   3. builds offline: pip reads the locked wheels from .wheelhouse/ (the files scripts/test.sh
 #      downloads, checked against requirements.lock and requirements-build.lock here), mounted for
 #      the build; the Dockerfile still installs with --require-hashes --no-deps, so nothing resolves;
@@ -80,12 +81,15 @@ if [ -n "${BASE_IMAGE:-}" ]; then
   image_exists "$base" || { say "BASE_IMAGE $base is not in local storage"; exit 1; }
 elif image_exists "$official"; then
   base=$official
-elif image_exists "$debian"; then
-  base=$debian
 elif timeout "$PULL_TIMEOUT" "${BUILDAH[@]}" pull -q "$official" >/dev/null 2>&1; then
   base=$official
+elif [ -z "${REFRESH_BASE:-}" ] && image_exists "$debian"; then
+  say "no $official (no registry within ${PULL_TIMEOUT}s): the Debian base made before"
+  base=$debian
 else
   say "no $official (no registry within ${PULL_TIMEOUT}s): a Debian bookworm base with Debian's Python 3.11"
+  [ -z "${REFRESH_BASE:-}" ] || rm -f "$cache"
+  old_base=$("${BUILDAH[@]}" inspect --type image --format '{{.FromImageID}}' "$debian" 2>/dev/null || true)
   if [ ! -s "$cache" ]; then
     mkdir -p "$(dirname "$cache")"
     if ! mmdebstrap --format=tar "${MM_ARGS[@]}" "$cache.part" "$MIRROR" >"$cache.log" 2>&1; then
@@ -124,6 +128,8 @@ say "built $ref in $((SECONDS - build_started)) s"
 if [ -n "$previous" ] && [ "$previous" != "$("${BUILDAH[@]}" inspect --type image --format '{{.FromImageID}}' "$ref")" ]; then
   "${BUILDAH[@]}" rmi "$previous" >/dev/null 2>&1 || true
 fi
+# and the Debian base REFRESH_BASE replaced, now that no image of this tag is built on it
+[ -z "${old_base:-}" ] || "${BUILDAH[@]}" rmi "$old_base" >/dev/null 2>&1 || true
 
 # --- smoke test
 ctr=$("${BUILDAH[@]}" from --pull=never "$ref")
@@ -179,4 +185,4 @@ bytes=$("${BUILDAH[@]}" inspect --type image --format '{{.Manifest}}' "$ref" |
   "$PY" -c 'import json, sys; print(sum(layer["size"] for layer in json.load(sys.stdin)["layers"]))')
 say "done in $((SECONDS - started)) s"
 echo "image: $ref"
-echo "size: $((bytes / 1000000)) MB (uncompressed layers, base $base)"
+echo "size: $(((bytes + 500000) / 1000000)) MB (uncompressed layers, base $base)"
