@@ -9,9 +9,14 @@ and profile when they single out one MIG device. Anything else is a counted skip
 Which containers hold a device comes from the kubelet's ``dynamic_resources`` when it lists any
 for the container (authoritative), else from the Pod's claim references joined with the allocated
 ResourceClaim, which must be reserved for that pod (a pod cannot take a device by naming another
-pod's claim). ``adminAccess`` results (monitoring) hold nothing. A device held by several
-containers, of one pod or of several, is shared: its one grant (100 % and the device's memory) is
-split evenly among them, so every claim counts once however many containers name it. A device under
+pod's claim). The kubelet outranks the API objects, as pod-resources outranks annotations for
+device plugins: a device it lists for some container is held by no container the API objects alone
+name (``dra_claim_kubelet_disagrees``). A claim belongs to its namespace: one the kubelet names in
+another namespace than the pod's is refused, and of a claim's ``reservedFor`` only the known pods of
+its own namespace count as consumers (``dra_claim_cross_namespace``). ``adminAccess`` results
+(monitoring) hold nothing. A device held by several containers, of one pod or of several, or whose
+claim has several consumers, is shared: its one grant (100 % and the device's memory) is split
+evenly among its holders, so every claim counts once however many containers name it. A device under
 a sharing config of NVIDIA's driver (MPS, time-slicing: :mod:`exporter.attribution.dra_sharing`) is
 shared whatever its holders: each gets the MPS limits (``dra-mps``), or no fixed grant
 (``dra-time-slicing``). A device that allows several allocations (DRAConsumableCapacity: the result
@@ -95,15 +100,31 @@ def _requests(pc: PodClaims | None, container: str, claim_name: str) -> set[str]
     return {req for local, req in pc.containers.get(container, ()) if pc.claims.get(local) == claim_name}
 
 
+def consumers(claim: ClaimInfo, namespaces: Mapping[str, str], skip: Skip) -> int:
+    """How many pods a claim is reserved for that count: known pods (uid -> namespace) of its own namespace.
+
+    ``reservedFor`` names pods by uid only, and a consumer is always in the claim's namespace: a known pod
+    of another namespace is refused (counted once per claim); an unknown uid runs on no GPU of this node.
+    """
+    known = [namespaces[u] for u in claim.reserved_for if u in namespaces]
+    if any(ns != claim.namespace for ns in known):
+        skip("dra_claim_cross_namespace")
+    return sum(1 for ns in known if ns == claim.namespace)
+
+
 class _Holdings:
     """Who holds which GPU through which claim, gathered container by container."""
 
     def __init__(self, mapping: Mapping[Triplet, str], claims: Mapping[tuple[str, str], ClaimInfo],
-                 skip: Skip, devices: Sequence[DeviceSample] = ()) -> None:
+                 skip: Skip, devices: Sequence[DeviceSample] = (), namespaces: Mapping[str, str] | None = None
+                 ) -> None:
         self.mapping, self.claims, self.skip = mapping, claims, skip
+        self.namespaces = namespaces or {}  # pod uid -> namespace, of the pods that may run
         self.held: dict[ContainerKey, list[str]] = {}
         self.holders: dict[str, list[ContainerKey]] = {}
-        self.reserved: dict[str, int] = {}  # uuid -> the most pods one of its claims is reserved for
+        self.kubelet: set[str] = set()  # uuids the kubelet lists for some container: the API objects' word yields
+        self.reserved: dict[str, int] = {}  # uuid -> the most consumers one of its claims counts
+        self._consumers: dict[tuple[str, str], int] = {}
         self.kinds = {d.uuid: "gpu" if d.parent_uuid is None else "mig" for d in devices}
         self.memory = {d.uuid: d.memory_total_bytes for d in devices if d.memory_total_bytes}
         self.grants: dict[str, dra_sharing.Grant] = {}  # uuid -> its holders' grant under a sharing config
@@ -133,8 +154,15 @@ class _Holdings:
             self._claim_grants[key] = out
         return self._claim_grants[key]
 
+    def consumers_of(self, claim: ClaimInfo) -> int:
+        """:func:`consumers`, worked out once per claim (its skip counted once)."""
+        key = (claim.namespace, claim.name)
+        if key not in self._consumers:
+            self._consumers[key] = consumers(claim, self.namespaces, self.skip)
+        return self._consumers[key]
+
     def add(self, key: ContainerKey, claim: ClaimInfo | None, triplet: Triplet,
-            results: Sequence[ClaimResult] = ()) -> None:
+            results: Sequence[ClaimResult] = (), *, kubelet: bool) -> None:
         """``key`` holds the device ``triplet`` through ``claim`` (its ``results`` on that device, when known)."""
         uuid = self.mapping.get(triplet)
         if uuid is None:
@@ -143,6 +171,11 @@ class _Holdings:
             return
         if uuid in self.held.setdefault(key, []):
             return  # one device, listed twice for one container (the kubelet's, or two requests)
+        if not kubelet and uuid in self.kubelet:
+            self.skip("dra_claim_kubelet_disagrees")  # the kubelet gave it to other containers, not this one
+            return
+        if kubelet:
+            self.kubelet.add(uuid)
         self.held[key].append(uuid)
         self.holders.setdefault(uuid, []).append(key)
         shares = [r for r in results if r.share_id]
@@ -152,13 +185,17 @@ class _Holdings:
             self.consumed[(key, uuid)] = (claim_key, sum(consumed) if consumed else None)
             self.claim_holders[(claim_key, uuid)] = self.claim_holders.get((claim_key, uuid), 0) + 1
         if claim is not None:
-            self.reserved[uuid] = max(self.reserved.get(uuid, 0), len(claim.reserved_for))
+            self.reserved[uuid] = max(self.reserved.get(uuid, 0), self.consumers_of(claim))
             grant = self.grants_of(claim).get(uuid)
             if grant is not None:
                 self.grants[uuid] = grant
 
-    def from_kubelet(self, key: ContainerKey, entries: Sequence[DynamicResource], pc: PodClaims | None) -> None:
+    def from_kubelet(self, pod: PodInfo, key: ContainerKey, entries: Sequence[DynamicResource],
+                     pc: PodClaims | None) -> None:
         for dr in entries:
+            if dr.claim_namespace != pod.namespace:
+                self.skip("dra_claim_cross_namespace")  # a pod's claims are of its namespace: a kubelet bug
+                continue
             claim = self.claims.get((dr.claim_namespace, dr.claim_name))
             results: dict[Triplet, list[ClaimResult]] = {}
             for r in claim.results if claim else ():
@@ -170,7 +207,7 @@ class _Holdings:
                 mine = [r for r in listed if not r.admin_access and _for_request(r, requests)]
                 if listed and not mine:
                     continue  # monitoring access, or another container's request of the same claim
-                self.add(key, claim, triplet, mine)
+                self.add(key, claim, triplet, mine, kubelet=True)
 
     def from_claims(self, pod: PodInfo, key: ContainerKey, pc: PodClaims) -> None:
         for local, request in pc.containers.get(key[1], ()):
@@ -185,7 +222,7 @@ class _Holdings:
                 if not r.admin_access and _for_request(r, {request}):
                     mine.setdefault((r.driver, r.pool, r.device), []).append(r)
             for triplet, results in mine.items():
-                self.add(key, claim, triplet, results)
+                self.add(key, claim, triplet, results, kubelet=False)
 
     def allocations(self) -> dict[ContainerKey, tuple[Allocation, ...]]:
         # A container whose nvidia.com/gpu DRA serves but whose claim is not read yet (or not its own) holds
@@ -227,20 +264,23 @@ def dra_allocations(pods: Iterable[PodInfo], mapping: Mapping[Triplet, str],
                     claims: Mapping[tuple[str, str], ClaimInfo], pod_claims: Mapping[str, PodClaims],
                     skip: Skip, devices: Sequence[DeviceSample] = ()) -> dict[ContainerKey, tuple[Allocation, ...]]:
     """Every container's DRA allocations on this node (see the module docstring); ``devices``: NVML's."""
-    h = _Holdings(mapping, claims, skip, devices)
-    for pod in pods:
-        if pod.phase in ("Succeeded", "Failed"):
-            continue
+    running = [p for p in pods if p.phase not in ("Succeeded", "Failed")]
+    h = _Holdings(mapping, claims, skip, devices, {p.uid: p.namespace for p in running})
+    rest: list[tuple[PodInfo, ContainerKey, PodClaims]] = []
+    # The kubelet's word first, for every container: what it lists, the API objects cannot take.
+    for pod in running:
         pc = pod_claims.get(pod.uid)
         for c in (*pod.containers, *(ic for ic in pod.init_containers if ic.sidecar)):
             key = (pod.uid, c.name)
             entries = dynamic.get((pod.namespace, pod.name, c.name))
             if entries:
-                h.from_kubelet(key, entries, pc)
+                h.from_kubelet(pod, key, entries, pc)
             elif pc is not None and pc.namespace == pod.namespace:
-                h.from_claims(pod, key, pc)  # before 1.34 the kubelet lists no DRA entries by default
+                rest.append((pod, key, pc))  # before 1.34 the kubelet lists no DRA entries by default
             if pc is not None and c.name in pc.extended:
                 h.expected[key] = _count(c, pc.extended[c.name])
+    for pod, key, pc in rest:
+        h.from_claims(pod, key, pc)
     return h.allocations()
 
 
