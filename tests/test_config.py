@@ -75,7 +75,7 @@ def test_log_format_and_ready_without_nvml():
 
 def test_every_number_has_a_range_and_every_default_is_valid():
     for o in OPTIONS:
-        if o.kind is float:
+        if o.kind in (float, int):
             assert o.bounds is not None and o.bounds[0] <= o.default <= o.bounds[1], o.flag
     assert not {o.default for o in OPTIONS if o.flag.endswith("-label")} & FIXED_LABELS
 

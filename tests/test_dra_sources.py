@@ -42,7 +42,7 @@ def test_watcher_follows_slices_and_reads_the_claims_pods_name(versions):
         api.set_resource_claims([claim("ml", "c1", [("gpu", NODE, "gpu-0")], [("p", UID)])])
         store = ClaimAwarePodStore()
         store.replace([pod("ml", "p", UID, NODE, {"c": [("gpu", "")]}, {"gpu": ("claim", "c1")})], "1")
-        w = DraWatcher(NODE, kube_api_for(api), store.pod_claims, refresh=0.5, watch_timeout_seconds=5)
+        w = DraWatcher(NODE, kube_api_for(api), store.pod_claims, tick=0.1, watch_timeout_seconds=5)
         w.start()
         try:
             src = w.sources()
@@ -74,3 +74,17 @@ def test_pod_claims_follow_watch_events_and_static_sources():
     assert store.skips()["dra_pod_claims_malformed"] == 1
     src = static_dra([{"a": 1}], [], [p])
     assert src.resource_slices() == ({"a": 1},) and UID in src.pod_claims()
+
+
+def test_claims_past_the_per_pod_cap_are_not_followed_and_counted():
+    store = ClaimAwarePodStore(max_claims=2)
+    names = {f"g{i}": ("claim", f"c{i}") for i in range(5)}
+    p = pod("ml", "greedy", UID, NODE, {"c": [(n, "") for n in names]}, names)
+    p["status"]["extendedResourceClaimStatus"] = {"resourceClaimName": "sched-claim", "requestMappings": [
+        {"containerName": "c", "resourceName": "nvidia.com/gpu", "requestName": "container-0-request-0"}]}
+    store.replace([p], "1")
+    pc = store.pod_claims()[UID]
+    assert list(pc.claims.values()) == ["sched-claim", "c0"]  # the scheduler's own claim is never the one cut
+    assert store.skips()["dra_pod_claims_over_limit"] == 1
+    store.apply("MODIFIED", p)
+    assert store.skips()["dra_pod_claims_over_limit"] == 2  # once per pod parsed, like every pod skip

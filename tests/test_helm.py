@@ -345,7 +345,7 @@ def test_env_and_args_are_accepted_by_the_exporter_as_the_chart_means_them():
 
 def test_every_config_key_maps_to_its_exporter_variable():
     schema = json.loads((CHART / "values.schema.json").read_text())
-    samples = {"number": 1, "boolean": True, "string": "x_label"}
+    samples = {"number": 1, "integer": 2, "boolean": True, "string": "x_label"}
     config = {}
     for key, prop in schema["properties"]["config"]["properties"].items():
         types = prop.get("type") or ["string"]

@@ -244,9 +244,10 @@ def _extended(raw: Any, skip: Skip) -> tuple[str, dict[str, list[tuple[str, str]
     return name, mappings
 
 
-def parse_pod_claims(obj: Any, skip: Skip) -> PodClaims | None:
+def parse_pod_claims(obj: Any, skip: Skip, limit: int = MAX_POD_CLAIMS) -> PodClaims | None:
     """A Pod's claim references (its spec's and the scheduler's extended-resource claim); None for a pod
-    without identity or without any claim."""
+    without identity or without any claim. At most ``limit`` claims are followed (the scheduler's, then the
+    spec's in order): more is counted once per pod (``dra_pod_claims_over_limit``)."""
     meta, spec, status = (_obj(_obj(obj).get(k)) for k in ("metadata", "spec", "status"))
     uid, ns = _name(meta.get("uid")), _name(meta.get("namespace"))
     extended, mappings = _extended(status.get("extendedResourceClaimStatus"), skip)
@@ -276,7 +277,11 @@ def parse_pod_claims(obj: Any, skip: Skip) -> PodClaims | None:
         if _name(c.get("name")) is not None and named:
             containers[c["name"]] = named
     if mappings:
-        claims[EXTENDED] = extended
+        claims = {EXTENDED: extended, **claims}  # the scheduler's own claim first: never the one cut
+    if len(claims) > limit:
+        skip("dra_pod_claims_over_limit")  # each claim followed costs API reads: a pod author cannot name more
+        claims = dict(list(claims.items())[:limit])
+    if EXTENDED in claims:
         for container, pairs in mappings.items():
             containers[container] = (*containers.get(container, ()), *((EXTENDED, req) for _, req in pairs))
     return PodClaims(uid.lower(), ns, claims, containers, {c: tuple(r for r, _ in p) for c, p in mappings.items()})

@@ -2,15 +2,17 @@
 
 The objects are kept raw (as the API returns them) and parsed by attribution every cycle, which
 counts what is malformed. Slices are listed and watched with ``spec.nodeName=<node>`` (every node
-reuses the same device names); a claim is read by name, for the claims this node's pods reference,
-so the exporter needs ``get`` on resourceclaims and ``list``/``watch`` on resourceslices, nothing
-cluster-wide beyond that. The last good answer is kept while the API is down.
+reuses the same device names); a claim is read by name, for the claims this node's pods reference
+(at most ``max_claims`` a pod), when a pod names it and then slowly again, as
+:mod:`exporter.node.claim_cache` decides: so the exporter needs ``get`` on resourceclaims and
+``list``/``watch`` on resourceslices, nothing cluster-wide beyond that. Every call goes through the
+client's shared rate limit. The last good answer is kept while the API is down.
 """
 
 from __future__ import annotations
 
 import logging
-import re
+import random
 import threading
 import time
 from collections import Counter
@@ -19,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from exporter.attribution.dra_objects import PodClaims, parse_pod_claims
+from exporter.attribution.dra_objects import MAX_POD_CLAIMS, PodClaims, parse_pod_claims
+from exporter.node import claim_cache
+from exporter.node.claim_cache import Entry, Key, Policy
 from exporter.node.pod_store import PodStore
 
 if TYPE_CHECKING:  # the client is loaded only where the API is used
     from exporter.node.kube_api import KubeApi
-
-_DNS = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # object names and namespaces, as the API validates
 
 log = logging.getLogger(__name__)
 _VERSIONS = ("v1", "v1beta2", "v1beta1")  # of resource.k8s.io, newest first
@@ -46,15 +48,16 @@ NO_DRA = DraSources()
 class ClaimAwarePodStore(PodStore):
     """A :class:`PodStore` that also keeps each pod's DRA claim references (the pod parser drops them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_claims: int = MAX_POD_CLAIMS) -> None:
         super().__init__()
         self._claims: Mapping[str, PodClaims] = {}
+        self._max_claims = max_claims  # claims followed per pod (--dra-max-claims-per-pod)
 
     def replace(self, objs: Iterable[Any], resource_version: str) -> None:
         objs = list(objs)
         super().replace(objs, resource_version)
         skips: Counter[str] = Counter()
-        parsed = (parse_pod_claims(o, lambda r: skips.update((r,))) for o in objs)
+        parsed = (parse_pod_claims(o, lambda r: skips.update((r,)), self._max_claims) for o in objs)
         claims = {pc.uid: pc for pc in parsed if pc is not None}
         with self._lock:
             self._claims = claims
@@ -63,7 +66,8 @@ class ClaimAwarePodStore(PodStore):
     def apply(self, event_type: str, obj: Any) -> None:
         super().apply(event_type, obj)
         skips: Counter[str] = Counter()
-        pc = parse_pod_claims(obj, lambda r: skips.update((r,))) if event_type in ("ADDED", "MODIFIED") else None
+        pc = (parse_pod_claims(obj, lambda r: skips.update((r,)), self._max_claims)
+              if event_type in ("ADDED", "MODIFIED") else None)
         uid = _uid(obj)
         with self._lock:
             self._skips.update(skips)
@@ -95,22 +99,25 @@ def static_dra(slices: Sequence[Any], claims: Sequence[Any], pods: Sequence[Any]
 
 
 class DraWatcher:
-    """Lists and watches this node's ResourceSlices; re-reads the claims its pods name every ``refresh`` s."""
+    """Lists and watches this node's ResourceSlices; reads the claims its pods name as :mod:`claim_cache` plans."""
 
     def __init__(self, node: str, api_client: KubeApi, pod_claims: Callable[[], Mapping[str, PodClaims]], *,
-                 refresh: float = 15.0, watch_timeout_seconds: int = 300, request_timeout: float = 30.0) -> None:
+                 policy: Policy | None = None, tick: float = 1.0, watch_timeout_seconds: int = 300,
+                 request_timeout: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._node, self._api, self._pod_claims = node, api_client, pod_claims
-        self._refresh, self._watch_timeout, self._timeout = refresh, watch_timeout_seconds, request_timeout
+        self._policy, self._tick, self._clock = policy or Policy(), tick, clock
+        self._watch_timeout, self._timeout = watch_timeout_seconds, request_timeout
         self._slices: dict[str, Any] = {}
-        self._claims: dict[tuple[str, str], Any] = {}
+        self._claims: tuple[Any, ...] = ()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._response: Any = None  # the slice watch in flight, shut down by stop()
         self._version = 0  # index in _VERSIONS, moved on by the slice lister when the server lacks one
+        self._version_known = threading.Event()  # set once the slice lister found (or gave up on) a version
+        self.claim_reads = 0  # GETs of claims sent
 
     def sources(self) -> DraSources:
-        return DraSources(lambda: tuple(self._slices.values()), lambda: tuple(self._claims.values()),
-                          self._pod_claims)
+        return DraSources(lambda: tuple(self._slices.values()), lambda: self._claims, self._pod_claims)
 
     def start(self) -> None:
         for target, name in ((self._watch_slices, "dra-slices"), (self._read_claims, "dra-claims")):
@@ -143,6 +150,7 @@ class DraWatcher:
                         continue
                     raise
                 self._slices = {_key(o): o for o in body.get("items") or [] if isinstance(o, Mapping)}
+                self._version_known.set()
                 resp = self._api.watch(
                     path, {"fieldSelector": selector, "allowWatchBookmarks": True,
                            "resourceVersion": body.get("metadata", {}).get("resourceVersion", ""),
@@ -160,6 +168,7 @@ class DraWatcher:
                 if self._stop.is_set():
                     break  # stop() closed the watch under us
                 log.warning("cannot list/watch the ResourceSlices of %s: %s", self._node, e)
+                self._version_known.set()  # claims are read all the same (their errors back off)
                 self._stop.wait(30.0)
 
     def _apply(self, event: Any) -> bool:
@@ -176,27 +185,36 @@ class DraWatcher:
         return True
 
     def _read_claims(self) -> None:
-        last: set[tuple[str, str]] = set()
-        due = 0.0
+        state = claim_cache.START
+        # A claim read under a version the server lacks would be a 404, remembered as a missing claim.
+        while not self._version_known.wait(self._tick):
+            if self._stop.is_set():
+                return
         while not self._stop.is_set():
-            wanted = {(pc.namespace, name) for pc in self._pod_claims().values() for name in pc.claims.values()
-                      if _DNS.fullmatch(name) and _DNS.fullmatch(pc.namespace)}
-            # Re-read every ``refresh`` seconds, and at once when the pods name other claims (a new pod).
-            if wanted != last or time.monotonic() >= due:
-                self._claims = {key: obj for key in sorted(wanted) if (obj := self._read(*key)) is not None}
-                last, due = wanted, time.monotonic() + self._refresh
-            self._stop.wait(1.0)
+            try:
+                state, reads = claim_cache.step(state, self._pod_claims(), self._clock(), self._policy)
+                for key, consistent in reads:
+                    if self._stop.is_set():
+                        return
+                    state = claim_cache.record(state, key, self._read(key, state.entries.get(key), consistent))
+                self._claims = claim_cache.published(state.entries, state.wanted)
+            except Exception:  # a bug here must not end the thread: the last published claims stay
+                log.exception("the ResourceClaim reader failed; going on")
+            self._stop.wait(self._tick)
 
-    def _read(self, ns: str, name: str) -> Any:
-        """One claim as the API returns it; the last good answer on an error, None once it is gone."""
+    def _read(self, key: Key, prev: Entry | None, consistent: bool) -> Entry:
+        """One claim read: a pod change reads the claim as it is now, a resync from the server's cache."""
+        ns, name = key
+        path = f"{self._base()}/namespaces/{quote(ns, safe='')}/resourceclaims/{quote(name, safe='')}"
+        obj, status = None, None
+        self.claim_reads += 1
         try:
-            path = f"{self._base()}/namespaces/{quote(ns, safe='')}/resourceclaims/{quote(name, safe='')}"
-            return self._api.get(path, timeout=self._timeout)
+            obj = self._api.get(path, None if consistent else {"resourceVersion": "0"}, timeout=self._timeout)
         except Exception as e:
-            if getattr(e, "status", None) == 404:
-                return None  # not created yet, or deleted with its pod
-            log.warning("cannot read ResourceClaim %s/%s: %s", ns, name, e)
-            return self._claims.get((ns, name))
+            status = getattr(e, "status", None) or 0
+            if status != 404:  # 404: not created yet, or deleted with its pod; remembered with a backoff
+                log.warning("cannot read ResourceClaim %s/%s: %s", ns, name, e)
+        return claim_cache.after_read(prev, obj, status, self._clock(), self._policy, random.uniform(0.8, 1.2))
 
 
 def _key(obj: Mapping[str, Any]) -> str:

@@ -12,6 +12,10 @@ its CA), or ``$KUBECONFIG``/``~/.kube/config``. Only a kubeconfig loads the ``ku
 (exec plugins, OIDC, client certificates), and only then; it is the ``kubeconfig`` extra, not in the
 image.
 
+Every request and every watch started waits for a token of the client's :attr:`KubeApi.limiter`
+(:mod:`exporter.node.rate_limit`, client-go's QPS/burst), one per process, so the callers together
+stay under it.
+
 Each thread keeps one connection alive for its requests; a request that fails on a connection the
 server closed while idle is sent once more on a new one. A watch gets a connection of its own,
 which :meth:`WatchStream.shutdown` closes from another thread to end a blocked read at once.
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import __version__
+from exporter.node.rate_limit import RateLimiter
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 USER_AGENT = f"kube-gpu-exporter/{__version__}"
@@ -85,7 +90,7 @@ class KubeApi:
     """JSON requests to one API server; thread-safe (each thread has its own connection)."""
 
     def __init__(self, host: str, *, authorization: Callable[[], str | None] = lambda: None,
-                 ssl_context: Callable[[], Any] | None = None) -> None:
+                 ssl_context: Callable[[], Any] | None = None, limiter: RateLimiter | None = None) -> None:
         self.host = host.rstrip("/")
         url = urllib.parse.urlsplit(self.host)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -95,6 +100,7 @@ class KubeApi:
         self.authorization = authorization
         self._ssl_context = ssl_context
         self._local = threading.local()
+        self.limiter = limiter  # shared by every caller of this client; None: unlimited (tests)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -129,6 +135,7 @@ class KubeApi:
         target = self._target(path, query)
         headers = self._headers(content_type if data is not None else None)
         for attempt in (1, 2):
+            self._wait_turn()
             conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
             reused = conn is not None
             if conn is None:
@@ -158,6 +165,7 @@ class KubeApi:
     def watch(self, path: str, query: Mapping[str, Any], *, connect_timeout: float = 30.0,
               read_timeout: float = 330.0) -> WatchStream:
         """Start a watch (``watch=true`` is added) on a connection of its own."""
+        self._wait_turn()
         conn = self._connect(connect_timeout)
         try:
             conn.request("GET", self._target(path, {**query, "watch": True}), headers=self._headers(None))
@@ -170,6 +178,10 @@ class KubeApi:
             conn.close()
             raise
         return WatchStream(conn, resp)
+
+    def _wait_turn(self) -> None:
+        if self.limiter is not None:
+            self.limiter.acquire()
 
     # ------------------------------------------------------------------ the calls the daemon makes
 

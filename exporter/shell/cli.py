@@ -107,7 +107,7 @@ def build_daemon(cfg: Config) -> Daemon:
         if cfg.kube_api_url:  # Events only
             from exporter.node.kube_api import KubeConfigError, build_api_client
             try:
-                api_client = build_api_client(cfg.kube_api_url, None)
+                api_client = _limited(cfg, build_api_client(cfg.kube_api_url, None))
             except KubeConfigError as e:
                 raise ConfigError(f"--kube-api-url: {e}") from None
     else:
@@ -151,7 +151,7 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
     from exporter.node.pod_watcher import PodWatcher
 
     try:
-        api_client = build_api_client(cfg.kube_api_url, cfg.kubeconfig)
+        api_client = _limited(cfg, build_api_client(cfg.kube_api_url, cfg.kubeconfig))
     except KubeConfigError as e:
         # A startup mistake, not a transient fault: say what to do instead of a traceback.
         where = f"--kubeconfig {cfg.kubeconfig}: " if cfg.kubeconfig else ""
@@ -159,7 +159,7 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
         raise ConfigError(f"{where}{detail} (or --no-pod-watch to run without pods)") from None
     from exporter.node.dra_source import ClaimAwarePodStore, DraWatcher
 
-    store = ClaimAwarePodStore()  # keeps the pods' DRA claim references as well
+    store = ClaimAwarePodStore(cfg.dra_max_claims_per_pod)  # keeps the pods' DRA claim references as well
     watcher = PodWatcher(node, api_client, store=store)
     watcher.start()
     closers.append(watcher.stop)
@@ -176,7 +176,16 @@ def _cluster_sources(cfg: Config, node: str, closers: list):
     node_object = NodeObject(node, api_client)
     node_object.start()
     closers.append(node_object.stop)
+    closers.append(api_client.limiter.close)  # run first (closers run in reverse): no stop waits for a token
     return pods, node_object, api_client
+
+
+def _limited(cfg: Config, api_client):
+    """The one API client of the process, behind the one rate limit every caller shares (--kube-api-qps)."""
+    from exporter.node.rate_limit import RateLimiter
+
+    api_client.limiter = RateLimiter(cfg.kube_api_qps, cfg.kube_api_burst)
+    return api_client
 
 
 def _pod_resources_source(socket: str) -> PodResourcesSource:

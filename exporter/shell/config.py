@@ -57,6 +57,9 @@ class Config:
     nvlink_metrics: bool = True
     xid_events_namespace: str = EVENT_NAMESPACE
     xid_events_regarding: str = REGARDING_NODE
+    kube_api_qps: float = 5.0
+    kube_api_burst: int = 10
+    dra_max_claims_per_pod: int = 8
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -68,8 +71,8 @@ class Option:
     flag: str
     default: object
     help: str
-    kind: type = str  # str | float | bool
-    bounds: tuple[float, float] | None = None  # float options: the inclusive range accepted
+    kind: type = str  # str | float | int | bool
+    bounds: tuple[float, float] | None = None  # float and int options: the inclusive range accepted
 
     @property
     def range_text(self) -> str:
@@ -101,6 +104,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--kube-api-url", None, "Kubernetes API URL (tests; default: in-cluster or kubeconfig)"),
     Option("--kubeconfig", None, "kubeconfig file (default: in-cluster config, then $KUBECONFIG)"),
     Option("--pod-watch", True, "list and watch this node's pods", bool),
+    # client-go's defaults (5 and 10): one token bucket for the pod watch, the Node, DRA and Events together
+    Option("--kube-api-qps", 5.0, "requests a second to the Kubernetes API, all of the exporter's callers "
+           "together (pods, the Node, DRA, Events): a token bucket as client-go's QPS", float, (0.1, 1000.0)),
+    Option("--kube-api-burst", 10, "requests the --kube-api-qps bucket lets through at once (client-go's "
+           "burst)", int, (1, 1000)),
+    Option("--dra-max-claims-per-pod", 8, "ResourceClaims followed per pod (each is read from the API); a pod "
+           "naming more is counted (kube_gpu_exporter_skips_total, reason dra_pod_claims_over_limit) and its "
+           "further claims hold nothing", int, (1, 32)),
     Option("--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
            "kubelet pod-resources socket; empty disables"),
     Option("--pod-label", "pod_name", "label name for the pod (a Prometheus label name, not one of the "
@@ -271,6 +282,11 @@ def _convert(o: Option, raw: object, source: str) -> object:
         return raw if isinstance(raw, bool) else _parse_bool(str(raw), source)
     if o.kind is float:
         return _parse_bounded(str(raw), source, o)
+    if o.kind is int:
+        number = _parse_bounded(str(raw), source, o)
+        if number != int(number):
+            raise ConfigError(f"{source} must be a whole number from {o.range_text}, got {raw!r}")
+        return int(number)
     return str(raw)
 
 
