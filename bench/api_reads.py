@@ -145,11 +145,17 @@ def measure(reader: str, *, pods: int = 50, refs: int = 32, steady_s: float = 60
             churn_wall = time.monotonic() - t_churn
             # then until the new pods' claims are all read: what each pod change cost in the end
             want += churn_s * ((followed + 1) // 2)
-            poll_until(lambda: held() >= want, settle_s, 0.05, f"{want} claims read")
-            drained = time.monotonic() - t_churn
             new_pods = {f"p{pods + k}-" for k in range(churn_s)}
-            per_pod = sum(1 for r in api.requests[n_churn:] if r.path.startswith(CLAIMS)
-                          and r.path.rsplit("/", 1)[-1].split("c", 1)[0] in new_pods)
+
+            def new_reads() -> int:
+                return sum(1 for r in api.requests[n_churn:] if r.path.startswith(CLAIMS)
+                           and r.path.rsplit("/", 1)[-1].split("c", 1)[0] in new_pods)
+
+            poll_until(lambda: held() >= want and new_reads() >= churn_s * followed, settle_s, 0.05,
+                       f"{want} claims held, {churn_s * followed} of the new pods' read")
+            drained = time.monotonic() - t_churn
+            time.sleep(1.0)  # a read more would come within the reader's tick
+            per_pod = new_reads()
         finally:
             for close in reversed(closers):
                 close()

@@ -68,6 +68,27 @@ def test_after_read_resyncs_answers_backs_off_misses_and_keeps_the_last_good_obj
     assert after_read(misses[-1], {"o": 2}, None, 0.0, POLICY).failures == 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(outcomes=st.lists(st.sampled_from([None, 404, 500, 0]), max_size=30), jitter=st.floats(0.8, 1.2))
+def test_backoff_doubles_to_its_cap_and_an_answer_ends_it(outcomes, jitter):
+    entry, now = None, 0.0
+    for status in outcomes:
+        prev = entry
+        entry = after_read(prev, {"o": now} if status is None else None, status, now, POLICY, jitter)
+        wait = entry.due - now
+        if status is None:
+            assert entry.failures == 0 and abs(wait - POLICY.resync_seconds * jitter) < 1e-6
+        else:
+            low, high = ((POLICY.missing_initial, POLICY.missing_max) if status == 404
+                         else (POLICY.error_initial, POLICY.error_max))
+            assert entry.failures == (prev.failures if prev else 0) + 1
+            assert low * jitter <= wait + 1e-6 and wait <= high * jitter + 1e-6
+            assert entry.missing == (status == 404 or (prev is not None and prev.missing))
+            if status != 404 and prev is not None:
+                assert entry.obj == prev.obj  # an error keeps the last good object
+        now = entry.due
+
+
 def test_prune_keeps_what_pods_name_and_the_missing_whose_backoff_runs():
     entries = {("ml", "a"): Entry({}, due=1.0), ("ml", "gone"): Entry(None, True, 2, due=30.0),
                ("ml", "old"): Entry(None, True, 1, due=5.0), ("ml", "b"): Entry({}, due=99.0)}

@@ -114,7 +114,6 @@ class DraWatcher:
         self._response: Any = None  # the slice watch in flight, shut down by stop()
         self._version = 0  # index in _VERSIONS, moved on by the slice lister when the server lacks one
         self._version_known = threading.Event()  # set once the slice lister found (or gave up on) a version
-        self.claim_reads = 0  # GETs of claims sent
 
     def sources(self) -> DraSources:
         return DraSources(lambda: tuple(self._slices.values()), lambda: self._claims, self._pod_claims)
@@ -197,7 +196,9 @@ class DraWatcher:
                     if self._stop.is_set():
                         return
                     state = claim_cache.record(state, key, self._read(key, state.entries.get(key), consistent))
-                self._claims = claim_cache.published(state.entries, state.wanted)
+                    # each answer at once: at start a node's claims come at the rate limit's pace
+                    self._claims = claim_cache.published(state.entries, state.wanted)
+                self._claims = claim_cache.published(state.entries, state.wanted)  # a claim no pod names goes
             except Exception:  # a bug here must not end the thread: the last published claims stay
                 log.exception("the ResourceClaim reader failed; going on")
             self._stop.wait(self._tick)
@@ -207,7 +208,6 @@ class DraWatcher:
         ns, name = key
         path = f"{self._base()}/namespaces/{quote(ns, safe='')}/resourceclaims/{quote(name, safe='')}"
         obj, status = None, None
-        self.claim_reads += 1
         try:
             obj = self._api.get(path, None if consistent else {"resourceVersion": "0"}, timeout=self._timeout)
         except Exception as e:
