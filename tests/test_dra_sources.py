@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kubernetes import client
 
+from exporter.attribution.dra_objects import PodClaims
 from exporter.node.dra_source import ClaimAwarePodStore, DraWatcher, static_dra
+from exporter.node.kube_api import ApiException
 from tests.integration_support import poll
 from tests.k8s_double import ApiServerDouble, api_client_for, kube_api_for
 from tests.test_dra_shapes import claim, gpu_device, pod, resource_slice
@@ -88,3 +92,44 @@ def test_claims_past_the_per_pod_cap_are_not_followed_and_counted():
     assert store.skips()["dra_pod_claims_over_limit"] == 1
     store.apply("MODIFIED", p)
     assert store.skips()["dra_pod_claims_over_limit"] == 2  # once per pod parsed, like every pod skip
+
+
+class _FakeApi:
+    """The API as the claim reader sees it: a claim ``ml/a`` exists, ``ml/b`` is a 404; calls recorded."""
+
+    def __init__(self) -> None:
+        self.claim_gets: list[tuple[str, dict | None]] = []
+
+    def get(self, path: str, query: dict | None = None, timeout: float = 30.0):
+        if path.endswith("/resourceslices"):
+            return {"items": [], "metadata": {"resourceVersion": "1"}}
+        self.claim_gets.append((path.rsplit("/", 1)[-1], query))
+        if path.endswith("/a"):
+            return {"metadata": {"namespace": "ml", "name": "a"}}
+        raise ApiException(404, "Not Found")
+
+    def watch(self, *args, **kwargs):
+        raise OSError("no watch here")  # the slice loop then waits 30 s (stop() wakes it)
+
+
+def test_the_claim_reader_reads_on_pod_changes_backs_off_misses_and_resyncs_from_the_cache():
+    api, now = _FakeApi(), [1000.0]
+    pods = {"u1": PodClaims("u1", "ml", {"x": "a", "y": "b"})}
+    w = DraWatcher(NODE, api, lambda: dict(pods), tick=0.01, clock=lambda: now[0])  # type: ignore[arg-type]
+    w.start()
+    try:
+        src = w.sources()
+        poll(lambda: len(api.claim_gets) >= 2 or None, 10, "the first reads")
+        assert sorted(api.claim_gets) == [("a", None), ("b", None)]  # a pod change: consistent reads
+        assert [c["metadata"]["name"] for c in src.resource_claims()] == ["a"]
+        pods["u2"] = PodClaims("u2", "ml", {"x": "a", "y": "b"})  # a new pod naming both
+        poll(lambda: len(api.claim_gets) >= 3 or None, 10, "the new pod's read")
+        time.sleep(0.2)
+        assert api.claim_gets[2:] == [("a", None)]  # b is missing: its backoff (30 s) runs, a pod changes nothing
+        now[0] += 40.0  # past b's backoff: read again, within the steady budget, from the server's cache
+        poll(lambda: len(api.claim_gets) >= 4 or None, 10, "the retry")
+        assert api.claim_gets[3] == ("b", {"resourceVersion": "0"})
+        del pods["u1"], pods["u2"]
+        poll(lambda: not src.resource_claims() or None, 10, "the claims dropped with their pods")
+    finally:
+        w.stop()

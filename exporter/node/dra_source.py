@@ -189,6 +189,7 @@ class DraWatcher:
         while not self._version_known.wait(self._tick):
             if self._stop.is_set():
                 return
+        failing = ""  # the reader's own failure, logged once until it changes
         while not self._stop.is_set():
             try:
                 state, reads = claim_cache.step(state, self._pod_claims(), self._clock(), self._policy)
@@ -199,8 +200,11 @@ class DraWatcher:
                     # each answer at once: at start a node's claims come at the rate limit's pace
                     self._claims = claim_cache.published(state.entries, state.wanted)
                 self._claims = claim_cache.published(state.entries, state.wanted)  # a claim no pod names goes
-            except Exception:  # a bug here must not end the thread: the last published claims stay
-                log.exception("the ResourceClaim reader failed; going on")
+                failing = ""
+            except Exception as e:  # a bug here must not end the thread: the last published claims stay
+                if repr(e) != failing:
+                    log.exception("the ResourceClaim reader failed; going on")
+                failing = repr(e)
             self._stop.wait(self._tick)
 
     def _read(self, key: Key, prev: Entry | None, consistent: bool) -> Entry:
