@@ -138,3 +138,17 @@ def test_xid_events_go_to_default_about_the_node_by_default() -> None:
 def test_xid_events_refuses_what_the_api_server_would(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(argv, env)
+
+
+def test_the_api_rate_limit_and_the_claim_cap_are_bounded_whole_numbers():
+    cfg = load_config([], environ={})
+    assert (cfg.kube_api_qps, cfg.kube_api_burst, cfg.dra_max_claims_per_pod) == (5.0, 10, 8)  # client-go's 5/10
+    cfg = load_config(["--kube-api-qps", "0.5", "--kube-api-burst", "3"],
+                      environ={"KUBE_GPU_EXPORTER_DRA_MAX_CLAIMS_PER_POD": "2"})
+    assert (cfg.kube_api_qps, cfg.kube_api_burst, cfg.dra_max_claims_per_pod) == (0.5, 3, 2)
+    assert isinstance(cfg.kube_api_burst, int)
+    for argv, message in ((["--kube-api-burst", "2.5"], "--kube-api-burst must be a whole number from 1 to 1000"),
+                          (["--kube-api-qps", "0"], "--kube-api-qps must be a number from 0.1 to 1000"),
+                          (["--dra-max-claims-per-pod", "33"], "--dra-max-claims-per-pod must be a number from 1")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(argv, environ={})
