@@ -113,7 +113,8 @@ def fault_families() -> str:
     sample = NodeSample(timestamp=1.0, errors={("nvmlDeviceGetPowerUsage", "NVMLError_Unknown"): 1})
     attr = NodeAttribution((), (), (), {}, disagreements={"hami": 1})
     families = build_families(attr, sample, "node-1", LabelNames("pod_name", "namespace_name", "container_name"),
-                              ExporterStats(skips={"exited": 1}))
+                              ExporterStats(skips={"exited": 1},
+                                            source_errors={("pod_resources", "PodResourcesDecodeError"): 1}))
     xid = XidStats(nvml=True, nvml_events={"counted": 1},
                    nvml_errors={("nvmlEventSetWait_v2", "NVMLError_Unknown"): 1})
     return render([*families, *xid_metric_families(xid, "node-1")]).decode()

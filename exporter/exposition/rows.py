@@ -42,6 +42,7 @@ class ExporterStats:
     skips: Mapping[str, int] = field(default_factory=lambda: EMPTY)
     snapshot_timestamp: float = 0.0
     output_failures: Mapping[str, int] = field(default_factory=lambda: EMPTY)  # by output name
+    source_errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: EMPTY)  # by (source, kind)
 
 
 DEVICE_GAUGES = in_group("device")
@@ -292,4 +293,9 @@ def self_families(sample: NodeSample, stats: ExporterStats, node: str) -> list[M
                             "the other outputs were still published", ["output"])
         for output, n in sorted(stats.output_failures.items()):
             outputs.add_metric([output], n)
+    sources = f.counter("kube_gpu_exporter_source_errors",
+                        "Source reads that raised, by source and exception kind; the cycle used that "
+                        "source's last good answer", ["source", "kind"])
+    for (source, kind), n in sorted(stats.source_errors.items()):
+        sources.add_metric([source, kind], n)
     return f.result()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from exporter.model import OneLineError
@@ -15,6 +16,33 @@ from exporter.model import OneLineError
 
 class ScenarioError(OneLineError):
     """The scenario file is unusable; the message names the offending key (escaped: one line)."""
+
+
+# A scenario of 5,000 pods is a few MiB: the cap keeps /dev/zero or a runaway file from filling the memory.
+MAX_SCENARIO_BYTES = 64 << 20
+
+
+def read_capped(path: str | Path, limit: int) -> bytes | None:
+    """The file's bytes, or None when it holds more than ``limit`` (read no further: /dev/zero ends)."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    return None if len(data) > limit else data
+
+
+def read_scenario_text(path: str | Path) -> str:
+    """A scenario file's text; raises ScenarioError (one line) when it cannot be read, is too large or not UTF-8."""
+    try:
+        data = read_capped(path, MAX_SCENARIO_BYTES)
+        text = None if data is None else data.decode("utf-8")  # YAML is UTF-8, whatever the locale says
+    except OSError as e:
+        raise ScenarioError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+    except ValueError as e:  # a NUL in the path
+        raise ScenarioError(f"cannot read scenario {path!r}: {e}") from None
+    if text is None:
+        raise ScenarioError(f"{path}: larger than {MAX_SCENARIO_BYTES >> 20} MiB, the most a scenario may hold")
+    return text
 
 
 def as_int(value: object, where: str, minimum: int = 0, maximum: int | None = None) -> int:

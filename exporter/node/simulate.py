@@ -36,6 +36,7 @@ from exporter.node.scenario_parse import (
     as_mapping,
     as_str,
     quantity_text,
+    read_scenario_text,
     reject_unknown,
 )
 
@@ -318,14 +319,7 @@ def parse_scenario(data: object) -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")  # YAML is UTF-8, whatever the locale says
-    except OSError as e:
-        raise ScenarioError(f"cannot read scenario {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
-    except ValueError as e:  # a NUL in the path
-        raise ScenarioError(f"cannot read scenario {path!r}: {e}") from None
+    text = read_scenario_text(path)
     import yaml  # only a simulated node reads YAML
 
     try:

@@ -27,6 +27,7 @@ from exporter.exposition.status import Status, build_status
 from exporter.exposition.usage_rows import usage_families
 from exporter.model import EMPTY, CgroupRef, NodeSample, PodResources, XidSummary
 from exporter.pipeline.outputs import OutputGuard
+from exporter.pipeline.source_guard import SourceGuard
 
 
 class Backend(Protocol):
@@ -88,6 +89,17 @@ class Settings:
     clock: Callable[[], float] = time.time
 
 
+@dataclass(frozen=True, slots=True)
+class _NoPodView:
+    """The pod view before the pod source's first good answer."""
+
+    pods: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+    by_container_id: Mapping[str, Any] = field(default_factory=lambda: EMPTY)
+
+
+_NO_PODS = PodState(_NoPodView(), synced=False, last_sync=None)
+
+
 class Pipeline:
     """One sampling cycle from the configured sources to an immutable snapshot."""
 
@@ -97,6 +109,7 @@ class Pipeline:
         self.samples_total = 0
         self.failures_total = 0
         self.outputs = OutputGuard()
+        self.reads = SourceGuard()  # every source read through it: one that raises keeps its last good answer
         self._skips: dict[str, int] = {}
         self.last_sample: NodeSample | None = None  # the last cycle's, for readiness and the start-up summary
         self._status: Status = EMPTY  # the last good status tree, kept while the status output fails
@@ -111,17 +124,24 @@ class Pipeline:
 
     def allocation_inputs(self, pods: PodState, sample: NodeSample | None) -> AllocationInputs:
         """This cycle's inputs to the sharing schemes, read from the sources."""
-        src = self.sources
-        return AllocationInputs(tuple(pods.view.pods.values()), sample.devices if sample else (), src.node_labels(),
-                                src.pod_resources(), src.node_capacity(), src.resource_slices(),
-                                src.resource_claims(), src.pod_claims(), self.node_name)
+        src, read = self.sources, self.reads.read
+        return AllocationInputs(tuple(pods.view.pods.values()), sample.devices if sample else (),
+                                read("node", "labels", src.node_labels, EMPTY),
+                                read("pod_resources", "list", src.pod_resources, None),
+                                read("node", "capacity", src.node_capacity, EMPTY),
+                                read("dra", "slices", src.resource_slices, ()),
+                                read("dra", "claims", src.resource_claims, ()),
+                                read("dra", "pod_claims", src.pod_claims, EMPTY), self.node_name)
 
     def step(self) -> tuple[Snapshot, NodeAttribution]:
         """Run one cycle; raises only when sampling or attribution fails (the sampler counts those)."""
-        started = time.monotonic()
-        sample = self.last_sample = self.sources.backend.sample()
-        placement = self.sources.proc.resolve({p.pid for d in sample.devices for p in d.processes})
-        state = self.sources.pods()
+        started, src, read = time.monotonic(), self.sources, self.reads.read
+        # NVML's last good sample when it raises (its values as of then; the error counter tells); none
+        # before the first, and the cycle fails: there is nothing to attribute.
+        sample = self.last_sample = read("nvml", "sample", src.backend.sample)
+        pids = {p.pid for d in sample.devices for p in d.processes}
+        placement = read("proc", "resolve", lambda: src.proc.resolve(pids), {})
+        state = read("pods", "view", src.pods, _NO_PODS)
         allocations = compute_allocations(self.allocation_inputs(state, sample))
         attr = attribute(sample, placement, state.view, allocations.allocations)
         if sample.duration_seconds == 0.0:
@@ -131,8 +151,9 @@ class Pipeline:
         families = self._outputs(attr, sample)
         now = self.settings.clock()
         stats = self._stats(state, now)
+        xids = self.reads.read("xid", "summary", self.sources.xids, None)
         self._status = self.outputs.run("status", lambda: build_status(
-            attr, sample, stats, self.sources.xids(), self.node_name, now), self._status)
+            attr, sample, stats, xids, self.node_name, now), self._status)
         stats = replace(stats, output_failures=self._output_failures())  # this cycle's status included
         families.insert(2, self_families(sample, stats, self.node_name))  # after rows and usage, as always
         owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)
@@ -147,7 +168,8 @@ class Pipeline:
                                                      s.pod_labels), [])
         usage = run("usage", lambda: self._advance_usage(attr, sample), [])
         xid = run("xid", self.sources.xid_families, [])
-        dcgm = run("dcgm", lambda: dcgm_families(attr, sample, s.node_name, _latest(self.sources.xids())),
+        xids = self.reads.read("xid", "summary", self.sources.xids, None) if s.dcgm_compat else None
+        dcgm = run("dcgm", lambda: dcgm_families(attr, sample, s.node_name, _latest(xids)),
                    []) if s.dcgm_compat else []
         return [rows, usage, xid, dcgm]
 
@@ -165,7 +187,7 @@ class Pipeline:
 
     def _stats(self, state: PodState, now: float) -> ExporterStats:
         skips = dict(self._skips)
-        for source in (self.sources.proc.skips(), state.skips):
+        for source in (self.reads.read("proc", "skips", self.sources.proc.skips, EMPTY), state.skips):
             for reason, n in source.items():
                 skips[reason] = skips.get(reason, 0) + n
         return ExporterStats(
@@ -177,6 +199,7 @@ class Pipeline:
             skips=skips,
             snapshot_timestamp=now,
             output_failures=self._output_failures(),
+            source_errors=self.reads.errors(),
         )
 
     def _output_failures(self) -> dict[str, int]:

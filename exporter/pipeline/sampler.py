@@ -32,15 +32,22 @@ class SamplerThread(threading.Thread):
         self.on_cycle = on_cycle
         # not ``_stop``: threading.Thread has a method of that name, which join() and is_alive() call
         self._stopping = threading.Event()
+        self._failing: str | None = None  # the kind of the failing cycles now: logged once, not per cycle
 
     def run_once(self) -> None:
         """One cycle: publish its snapshot, or after a failure the previous one with the new failure count."""
         try:
             snapshot: Snapshot | None = self.pipeline.step()[0]
-        except Exception:  # the daemon must survive any bad cycle
+        except Exception as exc:  # the daemon must survive any bad cycle
             self.pipeline.failures_total += 1
-            log.exception("sampling cycle failed; serving the previous snapshot")
+            if type(exc).__name__ != self._failing:
+                self._failing = type(exc).__name__
+                log.exception("sampling cycle failed; serving the previous snapshot until a cycle succeeds")
             snapshot = None
+        else:
+            if self._failing is not None:
+                self._failing = None
+                log.info("sampling cycles succeed again (%d failed in all)", self.pipeline.failures_total)
         try:
             if snapshot is not None:
                 self.holder.publish(snapshot)

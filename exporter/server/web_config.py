@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import ssl
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ from exporter.server.wire import Request, Response
 log = logging.getLogger("kube_gpu_exporter.http")
 
 RELOAD_CHECK_SECONDS = 2.0
+# The web config and each TLS file are small; the caps keep /dev/zero or a runaway file out of the memory.
+MAX_WEB_CONFIG_BYTES = 1 << 20
+MAX_TLS_FILE_BYTES = 1 << 20
 AUTH_CACHE_SECONDS = 60.0  # a successful bcrypt verification is remembered this long
 AUTH_CACHE_MAX = 64
 TLS_KEYS = frozenset({"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version"})
@@ -63,6 +67,15 @@ class WebConfigError(OneLineError):
     """A web config file the exporter refuses; the message is one line naming the file (and its source)."""
 
 
+def check_tls_file(path: Path) -> None:
+    """Refuse (OSError, one line) a TLS file that is not a regular file or is larger than OpenSSL needs."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{path}: not a regular file")
+    if st.st_size > MAX_TLS_FILE_BYTES:
+        raise OSError(f"{path}: {st.st_size} bytes, larger than the {MAX_TLS_FILE_BYTES >> 20} MiB a TLS file may hold")
+
+
 @dataclass(frozen=True, slots=True)
 class TlsSettings:
     """``tls_server_config``, resolved: absolute paths, ssl constants."""
@@ -80,6 +93,8 @@ class TlsSettings:
 
     def context(self) -> ssl.SSLContext:
         """A server context from the files as they are now (raises OSError, ssl.SSLError)."""
+        for f in self.files:
+            check_tls_file(f)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version, ctx.maximum_version = self.min_version, self.max_version
         ctx.load_cert_chain(self.cert_file, self.key_file)
@@ -104,7 +119,13 @@ def load_web_config(path: str, source: str = "--web-config-file") -> WebConfig:
     import yaml  # only with --web-config-file
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        with open(path, "rb") as f:
+            raw = f.read(MAX_WEB_CONFIG_BYTES + 1)
+        if len(raw) > MAX_WEB_CONFIG_BYTES:
+            raise WebConfigError(f"{source} {path}: larger than {MAX_WEB_CONFIG_BYTES >> 20} MiB, the most it may hold")
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except WebConfigError:
+        raise
     except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: a NUL in the path (UnicodeError is one)
         # A YAML error spans lines (context, caret): its words on one line are enough.
         raise WebConfigError(f"{source} {path}: cannot read it: {' '.join(str(e).split())}") from None

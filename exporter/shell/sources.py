@@ -29,7 +29,7 @@ class PodResourcesSource:
     def __call__(self) -> tuple[PodResources, ...] | None:
         if not self.socket:
             return None
-        from exporter.node.podresources import PodResourcesUnavailable, list_pod_resources
+        from exporter.node.podresources import PodResourcesDecodeError, PodResourcesUnavailable, list_pod_resources
 
         if not os.path.exists(self.socket):
             self.state = f"no socket at {self.socket}"
@@ -42,6 +42,9 @@ class PodResourcesSource:
             # Keyed without numbers: a changing detail (a port, a count) is not a new state.
             self._log.bad(re.sub(r"\d+", "#", str(e)), "kubelet pod-resources unavailable: %s", e)
             return None
+        except PodResourcesDecodeError as e:  # the cycle keeps the last good answer (pipeline/source_guard.py)
+            self.state = f"undecodable answer ({e})"
+            raise
         self.state = "ok"
         self._log.good("ok", "kubelet pod-resources available again")
         return answer

@@ -128,7 +128,10 @@ class CycleMonitor:
                       self._nvml_reason, readiness, fix, level=logging.ERROR)
 
     def _check_pods(self) -> None:
-        state = self.pipeline.sources.pods()
+        try:
+            state = self.pipeline.sources.pods()
+        except Exception:  # the cycle's SourceGuard counts and logs a raising source, once per change
+            return
         if state.synced:
             first = self.pods.state == "syncing"
             self.pods.good("synced", "pod watch %s: %d pods on this node", "synced" if first else "synced again",
