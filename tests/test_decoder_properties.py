@@ -20,8 +20,9 @@ from exporter.attribution.cgroup import parse_cgroup
 from exporter.node.podresources import PodResourcesDecodeError, decode_list_response
 from exporter.node.procfs import parse_stat_starttime
 from exporter.node.simulate import ScenarioError, load_scenario
+from exporter.server.auth import BasicAuth
 from exporter.server.limits import ServerLimits
-from exporter.server.web_config import BasicAuth, WebConfigError, load_web_config
+from exporter.server.web_config import WebConfigError, load_web_config
 from exporter.server.wire import BadRequest, parse_head
 from exporter.xid.kmsg import parse_record, split_records
 from exporter.xid.parse import ScanState, scan_line
@@ -72,9 +73,12 @@ def test_http_request_head(data: bytes) -> None:
     _returns_or_raises(lambda: parse_head(data, ServerLimits(), "1.2.3.4:5"), BadRequest)
 
 
+_AUTH = BasicAuth({})
+
+
 @given(text)
 def test_authorization_header(header: str) -> None:
-    creds = BasicAuth({})._decode(header)  # decodes or refuses, never raises
+    creds = _AUTH._decode(header)  # decodes or refuses, never raises
     assert creds is None or (isinstance(creds[0], str) and isinstance(creds[1], bytes))
 
 

@@ -117,7 +117,8 @@ def fault_families() -> str:
                                             source_errors={("pod_resources", "PodResourcesDecodeError"): 1}))
     xid = XidStats(nvml=True, nvml_events={"counted": 1},
                    nvml_errors={("nvmlEventSetWait_v2", "NVMLError_Unknown"): 1})
-    return render([*families, *xid_metric_families(xid, "node-1")]).decode()
+    auth = HttpStats(auth={"cached": 1}).render().decode()  # only with basic_auth_users
+    return render([*families, *xid_metric_families(xid, "node-1")]).decode() + auth
 
 
 def golden_lines(union: dict[str, tuple[str, set[str]]]) -> list[str]:

@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable
 
 from exporter.exposition.snapshot import CONTENT_TYPE, scrape_parts
 from exporter.pipeline.holder import SnapshotHolder
+from exporter.server.auth import BasicAuth
 from exporter.server.encoding import wants_gzip
 from exporter.server.limits import ConnectionLimiter, ServerHooks, ServerLimits, log, loop_exception_handler
 from exporter.server.protocol import HttpConnection
 from exporter.server.stats import HttpStats, RateLimitedLog
-from exporter.server.web_config import BasicAuth, TlsReloader, WebConfig
+from exporter.server.web_config import TlsReloader, WebConfig
 from exporter.server.wire import Handler, Request, Response
 
 NO_STORE = [("Cache-Control", "no-store")]
@@ -140,6 +141,8 @@ class HttpServer:
         wc = web_config
         self.tls = TlsReloader(wc.tls, wc.context) if wc is not None and wc.tls is not None else None
         self.auth = BasicAuth(wc.users) if wc is not None and wc.users else None
+        if self.auth is not None:
+            stats.auth = self.auth.results  # the same dict: counted where checked
         self.report = RateLimitedLog(log)
         self.limiter = ConnectionLimiter(limits.max_connections, stats, self.report)
         self.hooks = ServerHooks(self.limiter, stats, self.report, access_log)

@@ -18,6 +18,7 @@ ERRORS_FAMILY = "kube_gpu_exporter_http_errors_total"
 DROPPED_FAMILY = "kube_gpu_exporter_http_connections_dropped_total"
 OPEN_FAMILY = "kube_gpu_exporter_http_connections"
 LIMIT_FAMILY = "kube_gpu_exporter_http_connections_limit"
+AUTH_FAMILY = "kube_gpu_exporter_http_auth_total"
 
 # Every reason is exported from the start (at 0), so rate() and alerts see the first increment.
 ERROR_REASONS = (
@@ -72,6 +73,7 @@ class HttpStats:
     dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     open_connections: int = 0
     connection_limit: int = 0
+    auth: dict[str, int] | None = None  # basic authentication's results (exporter/server/auth.py), when it is on
     _rendered: tuple[tuple[int, ...], bytes] | None = field(default=None, repr=False, compare=False)
 
     def error(self, reason: str) -> None:
@@ -83,7 +85,8 @@ class HttpStats:
     def render(self) -> bytes:
         """Prometheus text of these counters: a few hundred bytes, built again only when one changed."""
         # the reasons are fixed and in order (a new one lengthens the key): the values say it all
-        key = (*self.errors.values(), *self.dropped.values(), self.open_connections, self.connection_limit)
+        key = (*self.errors.values(), *self.dropped.values(), self.open_connections, self.connection_limit,
+               *(self.auth or {}).values())
         if self._rendered is not None and self._rendered[0] == key:
             return self._rendered[1]
         text = self._render()
@@ -103,4 +106,8 @@ class HttpStats:
             f"# HELP {LIMIT_FAMILY} Open HTTP connections at most (the oldest idle one is dropped beyond)\n"
             f"# TYPE {LIMIT_FAMILY} gauge\n{LIMIT_FAMILY} {go_float(self.connection_limit)}\n",
         ]
+        if self.auth is not None:
+            out += [f"# HELP {AUTH_FAMILY} Basic authentication checks by result (cached, verified, wrong, busy: "
+                    f"refused at once with 429)\n# TYPE {AUTH_FAMILY} counter\n",
+                    *(f'{AUTH_FAMILY}{{result="{r}"}} {n}\n' for r, n in self.auth.items())]
         return "".join(out).encode()

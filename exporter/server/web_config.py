@@ -17,10 +17,6 @@ The file itself is read once at start; the certificate, key and client CA files 
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import hashlib
 import logging
 import os
 import re
@@ -32,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.model import OneLineError
-from exporter.server.wire import Request, Response
 
 log = logging.getLogger("kube_gpu_exporter.http")
 
@@ -40,8 +35,6 @@ RELOAD_CHECK_SECONDS = 2.0
 # The web config and each TLS file are small; the caps keep /dev/zero or a runaway file out of the memory.
 MAX_WEB_CONFIG_BYTES = 1 << 20
 MAX_TLS_FILE_BYTES = 1 << 20
-AUTH_CACHE_SECONDS = 60.0  # a successful bcrypt verification is remembered this long
-AUTH_CACHE_MAX = 64
 TLS_KEYS = frozenset({"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version", "max_version"})
 UNSUPPORTED = {
     "http_server_config": "HTTP/2 and custom headers are not supported",
@@ -59,8 +52,6 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
                "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
 UNVERIFIED_AUTH = ("RequestClientCert", "RequireAnyClientCert")
 _BCRYPT = re.compile(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}")
-# Checked against for unknown users, so a wrong user name costs as long as a wrong password.
-_DUMMY_HASH = b"$2b$10$KyjVSoKu/WSK7bGvmJFxNuzRzqDl1JH9CBAJ4JxPD9SEcqmRCF.WC"
 
 
 class WebConfigError(OneLineError):
@@ -254,65 +245,3 @@ class TlsReloader:
         current = self.current()
         if current is not conn.context:
             conn.context = current
-
-
-class BasicAuth:
-    """HTTP basic authentication against bcrypt hashes; successes are cached by a hash of the credentials."""
-
-    def __init__(self, users: Mapping[str, bytes], clock: Callable[[], float] = time.monotonic,
-                 ttl: float = AUTH_CACHE_SECONDS) -> None:
-        self.users, self._clock, self._ttl = dict(users), clock, ttl
-        self._cache: dict[bytes, float] = {}  # sha256 of "user:password" -> expiry
-        self._bcrypt_slots = asyncio.Semaphore(2)  # failures cost a bcrypt each: at most 2 cores' worth
-        self.checks = 0  # bcrypt verifications made (tests)
-
-    def _decode(self, header: str | None) -> tuple[str, bytes] | None:
-        scheme, _, token = (header or "").partition(" ")
-        if scheme.lower() != "basic":
-            return None
-        try:
-            raw = base64.b64decode(token.strip(), validate=True)
-        except (binascii.Error, ValueError):
-            return None
-        user, sep, password = raw.partition(b":")
-        if not sep:
-            return None
-        return user.decode("utf-8", "replace"), password
-
-    async def allowed(self, header: str | None) -> bool:
-        """Whether the ``Authorization`` header names a user with its password."""
-        creds = self._decode(header)
-        if creds is None:
-            return False
-        user, password = creds
-        key = hashlib.sha256(user.encode() + b"\0" + password).digest()
-        now = self._clock()
-        if self._cache.get(key, 0.0) > now:
-            return True
-        hashed = self.users.get(user)
-        async with self._bcrypt_slots:
-            self.checks += 1
-            ok = await asyncio.to_thread(_check, password, hashed or _DUMMY_HASH)
-        if not (ok and hashed is not None):
-            return False
-        if len(self._cache) >= AUTH_CACHE_MAX:
-            self._cache = {k: t for k, t in self._cache.items() if t > now}
-            if len(self._cache) >= AUTH_CACHE_MAX:
-                self._cache.clear()
-        self._cache[key] = now + self._ttl
-        return True
-
-    async def check(self, request: Request) -> Response | None:
-        """Every path, as node_exporter: 401 with ``WWW-Authenticate: Basic`` without valid credentials."""
-        if not await self.allowed(request.header("authorization")):
-            return Response.text(401, "401 Unauthorized\n", headers=[("WWW-Authenticate", "Basic")])
-        return None
-
-
-def _check(password: bytes, hashed: bytes) -> bool:
-    try:
-        import bcrypt  # only with basic_auth_users
-
-        return bcrypt.checkpw(password, hashed)  # constant-time comparison of the hashes
-    except ValueError:
-        return False
