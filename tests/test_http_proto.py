@@ -17,6 +17,7 @@ from exporter.pipeline.holder import SnapshotHolder
 from exporter.server.app import HttpServer, make_app
 from exporter.server.limits import ServerLimits
 from exporter.server.stats import HttpStats
+from exporter.server.wire import BadRequest, content_length
 
 BODY = b"# HELP x test\n# TYPE x gauge\nx 1\n"
 
@@ -100,6 +101,25 @@ def test_an_announced_body_is_read_and_dropped_chunked_ones_refused():
     assert [r[2] for r in responses(data)] == [b"ok\n", b"ok\n"]
     data, stats = exchange(get("/healthz", "Transfer-Encoding: chunked") + b"5\r\nhello\r\n0\r\n\r\n")
     assert data.startswith(b"HTTP/1.0 400 Bad Request\r\n") and stats.errors["bad_request"] == 1
+
+
+@pytest.mark.e2e
+def test_differing_content_lengths_are_refused_equal_ones_accepted():
+    data, stats = exchange(get("/healthz", "Content-Length: 5", "Content-Length: 0") + b"hello" + get("/healthz"))
+    assert data.startswith(b"HTTP/1.0 400 Bad Request\r\n") and stats.errors["bad_request"] == 1  # before: 200
+    data, _ = exchange(get("/healthz", "Content-Length: 5", "Content-Length: 5") + b"hello" + get("/healthz"))
+    assert [r[2] for r in responses(data)] == [b"ok\n", b"ok\n"]
+
+
+@pytest.mark.parametrize(("fields", "length"), [(["5"], 5), (["5", "5"], 5), (["5, 5"], 5), ([" 0 "], 0)])
+def test_content_length_of_one_value(fields: list[str], length: int) -> None:
+    assert content_length(fields) == length
+
+
+@pytest.mark.parametrize("fields", [["5", "0"], ["5, 6"], ["-1"], ["0x5"], ["\u00b2"], ["1" * 30], [""], ["5", ""]])
+def test_content_length_refused(fields: list[str]) -> None:
+    with pytest.raises(BadRequest, match="Content-Length"):
+        content_length(fields)
 
 
 @pytest.mark.e2e

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from exporter.xid import kmsg
 from exporter.xid.kmsg import KmsgReader, parse_record, split_records, unescape
 
 DATA = Path(__file__).parent / "data" / "kmsg"
@@ -172,3 +174,49 @@ def test_reader_on_a_pipe_reports_drained_when_empty(tmp_path: Path) -> None:
         reader.close()
     finally:
         os.close(writer_fd)
+
+
+def test_a_file_truncated_in_place_is_read_again_from_its_new_start(tmp_path: Path) -> None:
+    """logrotate's copytruncate empties the file under the open handle; before, nothing was ever read again."""
+    path = tmp_path / "kmsg"
+    path.write_bytes(b"6,1,1,-;old one\n6,2,2,-;old two\n")
+    reader = KmsgReader.open(str(path))
+    try:
+        assert len(reader.read_available().records) == 2
+        with path.open("r+b") as f:
+            f.truncate(0)
+        with path.open("ab") as f:
+            f.write(b"4,3,3,-;NVRM: Xid (PCI:0000:3b:00): 43, after the rotation\n")
+        batch = reader.read_available()
+        assert batch.records == (b"4,3,3,-;NVRM: Xid (PCI:0000:3b:00): 43, after the rotation\n",)
+        assert reader.truncations == 1 and reader.read_available().records == ()
+        with path.open("ab") as f:  # appends after it are followed as before
+            f.write(b"6,4,4,-;next\n")
+        assert reader.read_available().records == (b"6,4,4,-;next\n",) and reader.truncations == 1
+    finally:
+        reader.close()
+
+
+def test_a_device_that_is_not_kmsg_is_refused_in_one_line() -> None:
+    """/dev/zero as --kmsg-path was read as records forever."""
+    try:
+        KmsgReader.open("/dev/zero").close()
+    except OSError as e:
+        assert "not /dev/kmsg: device 1:5" in str(e) and "\n" not in str(e)
+    else:
+        raise AssertionError("/dev/zero was opened as a kernel log")
+
+
+def test_only_the_last_part_of_a_huge_file_is_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "kmsg"
+    lines = [f"6,{i},{i},-;line {i:04d}\n".encode() for i in range(100, 150)]  # 22 bytes each
+    path.write_bytes(b"".join(lines))
+    for limit, kept in ((110, 5), (100, 4)):  # at a record's start it is kept; a record cut there is dropped
+        monkeypatch.setattr(kmsg, "MAX_FILE_HISTORY_BYTES", limit)
+        reader = KmsgReader.open(str(path))
+        try:
+            batch = reader.read_available()
+            assert reader.skipped_bytes == len(lines) * 22 - limit and batch.history == len(batch.records)
+            assert batch.records == tuple(lines[-kept:])
+        finally:
+            reader.close()

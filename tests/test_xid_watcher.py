@@ -153,6 +153,20 @@ def test_garbage_never_stops_the_watcher(tmp_path: Path, stop_later: list) -> No
     poll_until(lambda: any(k[2] == 62 for k in w.stats().xid_counts))
 
 
+def test_a_rotated_kernel_log_file_is_followed_and_the_rotation_logged_once(
+        tmp_path: Path, stop_later: list, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "kmsg"
+    path.write_bytes(xid_line(1, 10**6, xid=31))
+    w = watcher(path, replay_from_start=True, stop_later=stop_later)
+    poll_until(lambda: any(k[2] == 31 for k in w.stats().xid_counts))
+    with path.open("r+b") as f:  # logrotate's copytruncate: the same file, emptied, written again
+        f.truncate(0)
+        f.write(xid_line(2, 2 * 10**6, xid=43) + xid_line(3, 3 * 10**6, xid=62))
+    poll_until(lambda: {k[2] for k in w.stats().xid_counts} == {31, 43, 62})  # before: never read again
+    lines = [r.getMessage() for r in caplog.records if "truncated in place" in r.getMessage()]
+    assert lines == [f"kernel log file {path} was truncated in place (copytruncate): reading it from its new start"]
+
+
 # ---------------------------------------------------------------- restart safety
 
 

@@ -22,7 +22,16 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from exporter.server.wire import BadRequest, Handler, Request, Response, head_problem, parse_head, response_head
+from exporter.server.wire import (
+    BadRequest,
+    Handler,
+    Request,
+    Response,
+    content_length,
+    head_problem,
+    parse_head,
+    response_head,
+)
 
 MAX_BODY = 1 << 20  # an unwanted body this large closes the connection instead of being read
 
@@ -146,12 +155,10 @@ class HttpConnection(asyncio.Protocol):
     def _body(self, request: Request) -> None:
         if request.header("transfer-encoding") is not None:
             raise BadRequest("bad_request", "request bodies with Transfer-Encoding are not accepted")
-        length = request.header("content-length")
-        if length is None:
+        fields = request.header_values("content-length")
+        if fields is None:
             return
-        if not length.isdigit():
-            raise BadRequest("bad_request", f"invalid Content-Length {length[:20]!r}")
-        n = int(length)
+        n = content_length(fields)
         if n > MAX_BODY:
             raise BadRequest("too_large", f"request body of {n} bytes")
         dropped = min(n, len(self._buf))

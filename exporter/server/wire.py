@@ -113,6 +113,22 @@ def _checked_fields(lines: list[bytes], limits: Any) -> list[tuple[bytes, bytes]
     return pairs
 
 
+def content_length(fields: list[str]) -> int:
+    """The body length every ``Content-Length`` field names; :class:`BadRequest` unless they all name one.
+
+    RFC 9110 section 8.6: repeated fields (or a list ``42, 42``) of one value are that value; differing
+    ones are how requests get smuggled past a proxy that reads the other, so they are refused.
+    """
+    values = {v.strip() for f in fields for v in f.split(",")}
+    if len(values) != 1:
+        shown = ", ".join(sorted(values))[:60]
+        raise BadRequest("bad_request", f"differing Content-Length values {shown!r}")
+    (length,) = values
+    if not (length.isascii() and length.isdigit()) or len(length) > 18:
+        raise BadRequest("bad_request", f"invalid Content-Length {length[:20]!r}")
+    return int(length)
+
+
 def head_problem(buf: bytes, limits: Any) -> BadRequest | None:
     """Whether an incomplete head can already be refused (a first line no request could start with)."""
     end = buf.find(b"\r\n")

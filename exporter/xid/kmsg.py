@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter.model import EMPTY
+from exporter.xid.kmsg_file import TAIL_BYTES, open_marker, rewritten
 
 KERNEL_FACILITY = 0
 # The kernel's CONSOLE_EXT_LOG_MAX is 8 KiB; a smaller buffer makes read() fail with EINVAL.
@@ -40,6 +41,10 @@ MAX_TEXT_BYTES = 4096
 # A device read returns at most 8 KiB; a record file's longer "record" (one endless line) is cut here
 # while framing, so the framer's buffer stays bounded too.
 MAX_RAW_RECORD_BYTES = 32768
+# A record file's history is read at start: only its last this many bytes (a node's kernel ring buffer
+# is a few MiB; a file grown for months need not be read through before the first live record).
+MAX_FILE_HISTORY_BYTES = 64 << 20
+KMSG_DEVICE = (1, 11)  # major, minor of /dev/kmsg: any other character device (/dev/zero) is refused
 
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
@@ -193,9 +198,7 @@ class KmsgReader:
 
     def __init__(self, raw: RawSource, *, record_per_read: bool, fileno: int | None = None,
                  history_bytes: int | None = None, marker: RawSource | None = None) -> None:
-        self._raw = raw
-        self._record_per_read = record_per_read
-        self._fileno = fileno
+        self._raw, self._record_per_read, self._fileno = raw, record_per_read, fileno
         self._read_size = DEVICE_READ_SIZE if record_per_read else FILE_READ_SIZE
         self._buffer = b""
         self._discarding = False  # inside a line longer than MAX_RAW_RECORD_BYTES: drop to its end
@@ -203,31 +206,54 @@ class KmsgReader:
         self._marker = marker
         self._first_new_seq: int | None = None  # the marker's first record: the first one after open
         self.history_done = False
+        self.skipped_bytes = 0  # of a record file's history longer than MAX_FILE_HISTORY_BYTES, not read
+        self.truncations = 0  # times a record file was found truncated in place (copytruncate) and re-read
+        self._tail = b""  # the last bytes read live from a record file: still there unless it was rewritten
 
     @classmethod
     def open(cls, path: str) -> KmsgReader:
         """Open ``path`` non-blocking; a character device is read one record per ``read()``."""
-        marker = _open_marker(path)  # first: a record printed while we open is new, never history
+        marker = open_marker(path)  # first: a record printed while we open is new, never history
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                raw = os.fdopen(fd, "rb", buffering=0)
+            except BaseException:
+                os.close(fd)
+                raise
         except BaseException:
             if marker is not None:
                 marker.close()
             raise
-        try:
-            st = os.fstat(fd)
-            raw = os.fdopen(fd, "rb", buffering=0)
-        except BaseException:
-            os.close(fd)
-            if marker is not None:
-                marker.close()
-            raise
-        if stat.S_ISCHR(st.st_mode):
+        if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == KMSG_DEVICE:
             return cls(raw, record_per_read=True, fileno=fd, marker=marker)
         if marker is not None:
             marker.close()
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):  # /dev/zero would be read forever
+            raw.close()
+            raise OSError(errno.EINVAL, f"not /dev/kmsg: device {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
         size = st.st_size if stat.S_ISREG(st.st_mode) else None
-        return cls(raw, record_per_read=False, fileno=fd, history_bytes=size)
+        reader = cls(raw, record_per_read=False, fileno=fd, history_bytes=size)
+        if size is not None and size > MAX_FILE_HISTORY_BYTES:
+            reader.skip_to(size - MAX_FILE_HISTORY_BYTES)
+        return reader
+
+    def skip_to(self, offset: int) -> None:
+        """Start a record file's history at ``offset`` (the record cut there is dropped)."""
+        self._raw.seek(offset - 1)  # type: ignore[attr-defined]  # from the byte before: a newline there keeps
+        self.skipped_bytes, self._discarding = offset, True  # the record that starts at offset whole
+        self._history_left = None if self._history_left is None else self._history_left - offset + 1
+
+    def _truncated(self) -> bool:
+        """Whether a record file was truncated in place (copytruncate) since the last read; then it is read
+        again from its start."""
+        if self._record_per_read or self._fileno is None or not rewritten(self._fileno, self._raw, self._tail):
+            return False
+        self._raw.seek(0)  # type: ignore[attr-defined]
+        self._buffer, self._discarding, self._tail = b"", False, b""
+        self.truncations += 1
+        return True
 
     @property
     def is_device(self) -> bool:
@@ -239,6 +265,8 @@ class KmsgReader:
 
         Until :attr:`history_done`, ``history`` says how many of the leading records are history.
         """
+        if self._history_left is None:
+            self._truncated()
         records: list[bytes] = []
         epipe = 0
         drained = False
@@ -275,6 +303,8 @@ class KmsgReader:
                 break
             if self._history_left is not None:
                 self._history_left -= len(data)
+            if not self._record_per_read:
+                self._tail = (self._tail + data)[-TAIL_BYTES:]
             records.extend(self._frame(data, final=self._record_per_read))
         history = self._history_count(records, drained, boundary)
         return ReadBatch(tuple(records), epipe, drained, history)
@@ -350,20 +380,3 @@ class KmsgReader:
         """Close the underlying source."""
         self._close_marker()
         self._raw.close()
-
-
-def _open_marker(path: str) -> RawSource | None:
-    """A second handle on a kmsg device, at its end: the first record it reads is the first new one."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISCHR(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        os.lseek(fd, 0, os.SEEK_END)
-        return os.fdopen(fd, "rb", buffering=0)
-    except OSError:
-        os.close(fd)
-        return None

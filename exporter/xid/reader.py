@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from exporter.model import EMPTY
 from exporter.xid.history import LookbackWindow
-from exporter.xid.kmsg import KmsgReader, KmsgRecord, parse_record
+from exporter.xid.kmsg import MAX_FILE_HISTORY_BYTES, KmsgReader, KmsgRecord, parse_record
 from exporter.xid.parse import GpuAnnouncement, ScanState, XidReport, normalize_pci, scan_line, xid_in_range
 from exporter.xid.stats import XidCounters
 
@@ -148,11 +148,16 @@ class KmsgFeed:
         self._stop = stop
         self._poll_interval = poll_interval
         self._opener = opener
+        self._truncations = 0  # the reader's, when last logged
 
     def open(self) -> None:
         """Open ``path`` (raises OSError)."""
         assert self.path is not None
         self.reader = self._opener(self.path)
+        self._truncations = 0
+        if skipped := getattr(self.reader, "skipped_bytes", 0):
+            log.warning("kernel log file %s: its first %d MiB skipped, only the last %d MiB read as history",
+                        self.path, skipped >> 20, MAX_FILE_HISTORY_BYTES >> 20)
 
     def close(self) -> None:
         """Close the reader, if open."""
@@ -209,12 +214,20 @@ class KmsgFeed:
                     for raw in batch.records:
                         self._scanner.scan_live(raw, parse_record(raw))
                     drained = batch.drained
+                    self._check_truncated(reader)
             # A failing kernel log must not stall the NVML source or the Event series updates.
             each_round()
             if failed:
                 self._stop.wait(self._poll_interval)
             elif drained:
                 self._idle_wait()
+
+    def _check_truncated(self, reader: KmsgReader) -> None:
+        truncations = getattr(reader, "truncations", 0)
+        if truncations > self._truncations:
+            self._truncations = truncations
+            log.warning("kernel log file %s was truncated in place (copytruncate): reading it from its new start",
+                        self.path)
 
     def _idle_wait(self) -> None:
         # The device can be polled for the next record; a file is re-read after a pause.
