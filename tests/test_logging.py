@@ -306,6 +306,18 @@ def test_xids_are_warnings_rate_limited_per_gpu_and_xid(caplog: pytest.LogCaptur
     assert len([r for r in warnings if r.getMessage().startswith("Xid 13")]) == 1
 
 
+def test_an_xid_line_names_the_minor_number_and_the_gpu_instance(caplog: pytest.LogCaptureFixture) -> None:
+    """Before, the minor number was printed as "GPU instance" and the GPU instance not at all."""
+    caplog.set_level(logging.INFO)
+    xids = XidLog(clock=lambda: 0.0)
+    xids.update({("GPU-86", 1, 31, "team-b", "mig-job", "worker"): 1, ("GPU-86", 1, 13, "", "", ""): 1,
+                 ("GPU-2b", 2, 79, "", "", ""): 1, ("", None, 48, "", "", ""): 1},
+                {("GPU-86", 1, 31): 1, ("GPU-86", 1, 13): 2, ("GPU-2b", 2, 79): None})
+    lines = sorted(r.getMessage().split(":")[0] for r in caplog.records)
+    assert lines == ["Xid 13 on GPU GPU-86 (minor 1, GPU instance 2)", "Xid 31 on GPU GPU-86 (minor 1, GPU instance 1) "
+                     "(pod team-b/mig-job, container worker)", "Xid 48 on GPU unknown", "Xid 79 on GPU GPU-2b (minor 2)"]
+
+
 # ------------------------------------------------------------------ the JSON log format
 
 

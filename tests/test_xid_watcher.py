@@ -139,6 +139,16 @@ def test_old_drivers_doubled_fallen_off_the_bus_counts_once(tmp_path: Path, stop
     assert stats.skips == {"fallen_off_bus_echo": 3}
 
 
+def test_the_gpu_instance_of_each_xid_is_kept_for_the_log(tmp_path: Path, stop_later: list) -> None:
+    path = tmp_path / "kmsg"
+    path.write_bytes((DATA / "variants.kmsg").read_bytes())
+    w = watcher(path, replay_from_start=True, stop_later=stop_later)
+    poll_until(lambda: sum(w.stats().xid_counts.values()) == sum(EXPECTED_VARIANTS.values()))
+    instances = w.stats().gpu_instances
+    assert instances[("GPU-86", 1, 31)] == 1 and instances[("GPU-86", 1, 13)] == 2  # GPU-I:01, GPU-I:02
+    assert instances[(UUID_3B, 0, 79)] is None
+
+
 def test_garbage_never_stops_the_watcher(tmp_path: Path, stop_later: list) -> None:
     path = tmp_path / "kmsg"
     path.write_bytes((DATA / "garbage.kmsg").read_bytes())

@@ -42,6 +42,13 @@ def likely_fix(error: str) -> str:
     return FIXES.get(short, _DEFAULT_FIX)
 
 
+def gpu_words(uuid: str, minor: int | None, gpu_instance: int | None) -> str:
+    """How a log line names a GPU: its UUID, then its minor number and MIG GPU instance when known."""
+    known = [f"minor {minor}"] if minor is not None else []
+    known += [f"GPU instance {gpu_instance}"] if gpu_instance is not None else []
+    return f"GPU {uuid or 'unknown'}" + (f" ({', '.join(known)})" if known else "")
+
+
 class XidLog:
     """Logs new Xids from the watcher's counts at warning level, at most once a minute per GPU and Xid."""
 
@@ -51,7 +58,9 @@ class XidLog:
         self._next: dict[tuple[str, int], float] = {}  # (uuid, xid) -> when the next line may be logged
         self._held: dict[tuple[str, int], int] = {}  # Xids counted but not yet logged
 
-    def update(self, counts: Mapping[XidCountKey, int]) -> None:
+    def update(self, counts: Mapping[XidCountKey, int],
+               gpu_instances: Mapping[tuple[str, int | None, int], int | None] | None = None) -> None:
+        """Log the Xids counted since the last call; ``gpu_instances``: the MIG GPU instance each named last."""
         from exporter.xid.parse import lookup
 
         now, lines = self._clock(), 0
@@ -60,7 +69,7 @@ class XidLog:
             self._seen[key] = count
             if new <= 0:
                 continue
-            uuid, gpu_instance, xid, namespace, pod, container = key
+            uuid, minor, xid, namespace, pod, container = key
             series = (uuid, xid)
             held = self._held.pop(series, 0) + new
             if now < self._next.get(series, float("-inf")) or lines >= XID_LINES_PER_CYCLE:
@@ -68,7 +77,7 @@ class XidLog:
                 continue
             lines += 1
             self._next[series] = now + self._interval
-            where = f"GPU {uuid or 'unknown'}" + (f" GPU instance {gpu_instance}" if gpu_instance is not None else "")
+            where = gpu_words(uuid, minor, (gpu_instances or {}).get((uuid, minor, xid)))
             who = f" (pod {namespace}/{pod}, container {container or '-'})" if pod else ""
             info = lookup(xid)
             log.warning("Xid %d on %s%s: %d new since the last report; %s (%s)", xid, where, who, held,
@@ -101,7 +110,7 @@ class CycleMonitor:
             self._check_pods()
         if self.xid_stats is not None:
             stats = self.xid_stats()
-            self.xids.update(stats.xid_counts)
+            self.xids.update(stats.xid_counts, stats.gpu_instances)
             self._check_events(stats)
 
     def not_ready_reason(self) -> str | None:

@@ -154,7 +154,7 @@ class XidRecorder:
         )
         writes: list[EventWrite] = []
         with self._lock:  # the count and its plan in one step, so a snapshot never sees one without the other
-            self._counters.count_xid(key, observed)
+            self._counters.count_xid(key, observed, report.gpu_instance)
             if self._emitter.enabled:
                 occ = XidOccurrence(self.node_name, report, uuid, minor, pod, observed, kmsg_seq, kmsg_ts_usec)
                 writes = self._emitter.observe(occ)

@@ -26,6 +26,8 @@ class XidStats:
     xid_counts: Mapping[XidCountKey, int] = field(default_factory=lambda: EMPTY)
     last_xid_time: Mapping[tuple[str, int | None], float] = field(default_factory=lambda: EMPTY)
     last_xid: Mapping[tuple[str, int | None], int] = field(default_factory=lambda: EMPTY)  # the Xid of last_xid_time
+    # (uuid, minor, xid) -> the MIG GPU instance the last such Xid named (None: the whole card, or not said)
+    gpu_instances: Mapping[tuple[str, int | None, int], int | None] = field(default_factory=lambda: EMPTY)
     records_read: int = 0
     history_skipped: int = 0  # records present at start and not replayed
     skips: Mapping[str, int] = field(default_factory=lambda: EMPTY)  # by reason
@@ -53,6 +55,7 @@ class XidCounters:
         self._counts: Counter[XidCountKey] = Counter()
         self._last_time: dict[tuple[str, int | None], float] = {}
         self._last_xid: dict[tuple[str, int | None], int] = {}
+        self._instances: dict[tuple[str, int | None, int], int | None] = {}
         self._skips: Counter[str] = Counter()
         self._records = 0
         self._history_skipped = 0
@@ -76,9 +79,10 @@ class XidCounters:
         with self.lock:
             self._nvml_results[result] += 1
 
-    def count_xid(self, key: XidCountKey, observed: float) -> None:
-        """Count one Xid seen at ``observed`` (caller holds :attr:`lock`)."""
+    def count_xid(self, key: XidCountKey, observed: float, gpu_instance: int | None = None) -> None:
+        """Count one Xid seen at ``observed`` on MIG GPU instance ``gpu_instance`` (caller holds :attr:`lock`)."""
         self._counts[key] += 1
+        self._instances[key[:3]] = gpu_instance
         self._last_time[(key[0], key[1])] = observed
         self._last_xid[(key[0], key[1])] = key[2]
 
@@ -96,6 +100,7 @@ class XidCounters:
             xid_counts=MappingProxyType(dict(self._counts)),
             last_xid_time=MappingProxyType(dict(self._last_time)),
             last_xid=MappingProxyType(dict(self._last_xid)),
+            gpu_instances=MappingProxyType(dict(self._instances)),
             records_read=self._records,
             history_skipped=self._history_skipped,
             skips=MappingProxyType(dict(self._skips)),
