@@ -314,8 +314,9 @@ def test_an_xid_line_names_the_minor_number_and_the_gpu_instance(caplog: pytest.
                  ("GPU-2b", 2, 79, "", "", ""): 1, ("", None, 48, "", "", ""): 1},
                 {("GPU-86", 1, 31): 1, ("GPU-86", 1, 13): 2, ("GPU-2b", 2, 79): None})
     lines = sorted(r.getMessage().split(":")[0] for r in caplog.records)
-    assert lines == ["Xid 13 on GPU GPU-86 (minor 1, GPU instance 2)", "Xid 31 on GPU GPU-86 (minor 1, GPU instance 1) "
-                     "(pod team-b/mig-job, container worker)", "Xid 48 on GPU unknown", "Xid 79 on GPU GPU-2b (minor 2)"]
+    assert lines == ["Xid 13 on GPU GPU-86 (minor 1, GPU instance 2)",
+                     "Xid 31 on GPU GPU-86 (minor 1, GPU instance 1) (pod team-b/mig-job, container worker)",
+                     "Xid 48 on GPU unknown", "Xid 79 on GPU GPU-2b (minor 2)"]
 
 
 # ------------------------------------------------------------------ the JSON log format
