@@ -325,3 +325,31 @@ def test_a_broken_rotation_keeps_the_previous_certificate(pki: Path, tmp_path: P
     (tmp_path / "tls.key").write_bytes((pki / "server2.key").read_bytes())
     now[0] = 6.0
     assert reloader.current() is not first and reloader.reloads == 1
+
+
+@pytest.mark.e2e
+def test_an_encrypted_key_is_refused_in_one_line_never_prompted_for(pki: Path, tmp_path: Path, caplog):
+    """Before, OpenSSL asked for the passphrase on a TTY (blocking every handshake) or failed with "PEM lib"."""
+    openssl("pkey", "-in", str(pki / "server.key"), "-out", "locked.key", "-aes256", "-passout", "pass:secret",
+            cwd=tmp_path)
+    assert b"ENCRYPTED" in (tmp_path / "locked.key").read_bytes()
+    with pytest.raises(OSError, match="the private key is encrypted: give it without a passphrase"):
+        TlsSettings(pki / "server.crt", tmp_path / "locked.key").context()
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(pki / "server.crt"),
+                                                         "key_file": str(tmp_path / "locked.key")}}))
+    with pytest.raises(WebConfigError) as e:
+        load_web_config(str(web))
+    assert "locked.key: the private key is encrypted" in str(e.value) and "\n" not in str(e.value)
+    # rotated in: refused in one line, the previous certificate stays
+    for ext in ("crt", "key"):
+        (tmp_path / f"tls.{ext}").write_bytes((pki / f"server.{ext}").read_bytes())
+    now = [0.0]
+    reloader = TlsReloader(TlsSettings(tmp_path / "tls.crt", tmp_path / "tls.key"), clock=lambda: now[0])
+    first = reloader.current()
+    (tmp_path / "tls.key").write_bytes((tmp_path / "locked.key").read_bytes())
+    now[0] = 10.0
+    with caplog.at_level(logging.ERROR, "kube_gpu_exporter.http"):
+        assert reloader.current() is first
+    lines = [r.getMessage() for r in caplog.records if "not reloaded" in r.getMessage()]
+    assert len(lines) == 1 and "the private key is encrypted" in lines[0], lines

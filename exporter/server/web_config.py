@@ -88,7 +88,12 @@ class TlsSettings:
             check_tls_file(f)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version, ctx.maximum_version = self.min_version, self.max_version
-        ctx.load_cert_chain(self.cert_file, self.key_file)
+        key_file = self.key_file
+
+        def no_passphrase() -> bytes:  # without a callback OpenSSL prompts on a TTY, and HTTPS waits for it
+            raise OSError(f"{key_file}: the private key is encrypted: give it without a passphrase")
+
+        ctx.load_cert_chain(self.cert_file, self.key_file, password=no_passphrase)
         ctx.verify_mode = self.verify_mode
         if self.client_ca_file is not None:
             ctx.load_verify_locations(cafile=self.client_ca_file)
