@@ -1,8 +1,9 @@
 """What the exporter sees, cycle by cycle: readiness while NVML is down, and state changes logged once.
 
 :class:`CycleMonitor` runs after every sampling cycle (the sampler thread's ``on_cycle``). It logs
-NVML going down (an error naming the likely fix) and coming back, the pod watch losing and
-regaining its sync, Events failing and working again, and each new Xid (warning, rate-limited);
+NVML going down (an error naming the likely fix) and coming back, a GPU lost and answering again,
+the pod watch losing and regaining its sync, Events failing and working again, and each new Xid
+(warning, rate-limited);
 ``/readyz`` asks it :meth:`CycleMonitor.not_ready_reason`.
 """
 
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from exporter.model import DeviceSample
 from exporter.pipeline.cycle import Pipeline
 from exporter.shell.logging_setup import StateLog
 from exporter.xid.stats import XidCountKey, XidStats
@@ -47,6 +49,20 @@ def gpu_words(uuid: str, minor: int | None, gpu_instance: int | None) -> str:
     known = [f"minor {minor}"] if minor is not None else []
     known += [f"GPU instance {gpu_instance}"] if gpu_instance is not None else []
     return f"GPU {uuid or 'unknown'}" + (f" ({', '.join(known)})" if known else "")
+
+
+def lost_changes(was_lost: Mapping[str, str],
+                 devices: Iterable[DeviceSample]) -> tuple[dict[str, str], list[str], list[str]]:
+    """GPUs lost now (card uuid -> how a log line names it), and those newly lost and recovered since ``was_lost``.
+
+    A card in MIG mode is one GPU however many of its MIG devices report it lost (they all do).
+    """
+    now: dict[str, str] = {}
+    for d in devices:
+        if d.lost:
+            card = d.parent_uuid or d.uuid
+            now.setdefault(card, gpu_words(card, d.minor_number, None))
+    return now, [w for c, w in now.items() if c not in was_lost], [w for c, w in was_lost.items() if c not in now]
 
 
 class XidLog:
@@ -101,11 +117,14 @@ class CycleMonitor:
         self._init_errors: dict[tuple[str, str], int] = {}
         self._nvml_reason: str | None = None
         self._events_seen = (0, 0)
+        self._lost: dict[str, str] = {}  # card uuid -> its name in log lines, while NVML says it is lost
 
     def __call__(self) -> None:
         sample = self.pipeline.last_sample
         if sample is not None:
             self._check_nvml(sample.nvml_up, sample.errors)
+            if sample.nvml_up:  # NVML down says nothing about each GPU
+                self._check_lost(sample.devices)
         if self.pod_watch:
             self._check_pods()
         if self.xid_stats is not None:
@@ -135,6 +154,14 @@ class CycleMonitor:
             " (/readyz fails meanwhile; --ready-without-nvml where a node without NVML is expected)")
         self.nvml.bad(self._nvml_reason, "%s: no GPU metrics until it does, retrying with backoff%s. Likely fix: %s",
                       self._nvml_reason, readiness, fix, level=logging.ERROR)
+
+    def _check_lost(self, devices: Iterable[DeviceSample]) -> None:
+        self._lost, lost, recovered = lost_changes(self._lost, devices)
+        for gpu in lost:
+            log.error("%s lost (NVML: GPU is lost): no values for it until it answers again, re-probed with backoff; "
+                      "a lost GPU usually needs a reset or a node reboot", gpu)
+        for gpu in recovered:
+            log.info("%s answers again: its values are back", gpu)
 
     def _check_pods(self) -> None:
         try:
