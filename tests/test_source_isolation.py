@@ -20,7 +20,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.node.podresources import PodResourcesDecodeError, decode_list_response, encode_list_response
 from exporter.pipeline import cycle
 from exporter.pipeline.cycle import Pipeline
-from exporter.pipeline.holder import SnapshotHolder
 from exporter.pipeline.sampler import SamplerThread
 from exporter.pipeline.source_guard import MAX_KINDS, SOURCES, SourceGuard, transition
 from exporter.shell.cli import build_daemon
@@ -106,30 +105,33 @@ def test_any_source_that_raises_is_counted_and_the_cycle_goes_on(pipeline: Pipel
     assert b"nvidia_gpu_duty_cycle{" in after.body  # the other sources and every output still served
 
 
-def test_nvml_and_proc_keep_their_last_good_answers(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_proc_keeps_its_last_good_answer(pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
     _, attr = pipeline.step()
-    monkeypatch.setattr(pipeline.sources.backend, "sample", _raise)
     monkeypatch.setattr(pipeline.sources.proc, "resolve", lambda pids: _raise())
     second, attr2 = pipeline.step()
-    assert _errors(second.body) == {("nvml", "Boom"): 1, ("proc", "Boom"): 1}
+    assert _errors(second.body) == {("proc", "Boom"): 1}
     assert [d.processes for d in attr2.devices] == [d.processes for d in attr.devices]  # placed as before
     assert b"nvidia_gpu_duty_cycle{" in second.body
 
 
-def test_nvml_raising_before_any_sample_fails_the_cycle_counted_and_logged_once(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_nvml_raising_fails_the_cycle_counted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """NVML's values are the measurement: never served again under a newer timestamp."""
     daemon = build_daemon(load_config(["--simulate", str(SCENARIO)], environ={}))
     try:
+        daemon.sampler.run_once()
+        good = daemon.holder.get()
         daemon.pipeline.sources.backend.sample = _raise  # type: ignore[method-assign]
-        sampler = SamplerThread(daemon.pipeline, SnapshotHolder(daemon.holder.get()), 1.0)
+        sampler = SamplerThread(daemon.pipeline, daemon.holder, 1.0)
         caplog.set_level(logging.INFO)
         for _ in range(4):
             sampler.run_once()
     finally:
         daemon.close()
     assert daemon.pipeline.failures_total == 4 and daemon.pipeline.reads.errors() == {("nvml", "Boom"): 4}
+    assert daemon.holder.get().built_at == good.built_at  # the last good snapshot, its age growing
     failed = [r for r in caplog.records if "sampling cycle failed" in r.getMessage()]
     assert len(failed) == 1 and failed[0].exc_info  # the traceback once, not per cycle
+    assert not [r for r in caplog.records if "source nvml" in r.getMessage()]  # the sampler's line says it
 
 
 def test_transition_is_the_whole_logging_decision() -> None:

@@ -136,9 +136,9 @@ class Pipeline:
     def step(self) -> tuple[Snapshot, NodeAttribution]:
         """Run one cycle; raises only when sampling or attribution fails (the sampler counts those)."""
         started, src, read = time.monotonic(), self.sources, self.reads.read
-        # NVML's last good sample when it raises (its values as of then; the error counter tells); none
-        # before the first, and the cycle fails: there is nothing to attribute.
-        sample = self.last_sample = read("nvml", "sample", src.backend.sample)
+        # NVML raising (counted) fails the cycle: its values are the measurement, and old ones are never
+        # served under a newer timestamp; the previous snapshot stays, its age telling.
+        sample = self.last_sample = read("nvml", "sample", src.backend.sample, keep_last=False)
         pids = {p.pid for d in sample.devices for p in d.processes}
         placement = read("proc", "resolve", lambda: src.proc.resolve(pids), {})
         state = read("pods", "view", src.pods, _NO_PODS)

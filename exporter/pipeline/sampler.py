@@ -33,9 +33,27 @@ class SamplerThread(threading.Thread):
         # not ``_stop``: threading.Thread has a method of that name, which join() and is_alive() call
         self._stopping = threading.Event()
         self._failing: str | None = None  # the kind of the failing cycles now: logged once, not per cycle
+        self.cycle_started: float | None = None  # monotonic start of the cycle running now, None between cycles
+        self.first_done = threading.Event()  # the first cycle ended (good or bad)
+        self.after_first: Callable[[], None] | None = None  # run once on this thread after the first cycle
 
     def run_once(self) -> None:
         """One cycle: publish its snapshot, or after a failure the previous one with the new failure count."""
+        self.cycle_started = time.monotonic()
+        try:
+            self._cycle()
+        finally:
+            self.cycle_started = None
+            self.first_done.set()
+
+    def starting(self) -> str | None:
+        """Why there is no snapshot yet while the first cycle runs (NVML's init is in it), else None."""
+        started = self.cycle_started
+        if self.first_done.is_set() or started is None:
+            return None
+        return f"NVML initialising: the first sampling cycle has run for {time.monotonic() - started:.1f}s"
+
+    def _cycle(self) -> None:
         try:
             snapshot: Snapshot | None = self.pipeline.step()[0]
         except Exception as exc:  # the daemon must survive any bad cycle
@@ -67,6 +85,12 @@ class SamplerThread(threading.Thread):
         while not self._stopping.is_set():
             started = time.monotonic()
             self.run_once()
+            if self.after_first is not None:
+                after, self.after_first = self.after_first, None
+                try:
+                    after()
+                except Exception:
+                    log.exception("starting what follows the first cycle")
             self._stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     def stop(self) -> None:

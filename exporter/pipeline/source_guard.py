@@ -5,7 +5,10 @@ counts) is a call the cycle makes. When it raises, whatever it raised, the cycle
 last good answer (its fallback before the first), counts the failure by source and kind (the
 exception's class name: ``kube_gpu_exporter_source_errors_total{source,kind}``) and logs one line
 when the source starts failing, when it fails in a new way and when it recovers, never once per
-cycle. :func:`transition` is the pure decision of what to log.
+cycle. NVML's sample is the one exception: it is the cycle's measurement, so one that raises is
+counted and fails the cycle (the previous snapshot stays served, its age telling; the sampler logs
+it once), rather than old values served under a new timestamp. :func:`transition` is the pure
+decision of what to log.
 """
 
 from __future__ import annotations
@@ -46,16 +49,20 @@ class SourceGuard:
         self._failing: dict[str, str] = {}  # read name -> the kind it fails with now
         self._errors: dict[tuple[str, str], int] = {}
 
-    def read(self, source: str, part: str, call: Callable[[], T], fallback: T | object = _MISSING) -> T:
+    def read(self, source: str, part: str, call: Callable[[], T], fallback: T | object = _MISSING,
+             *, keep_last: bool = True) -> T:
         """``call()``; when it raises, the last good answer of ``source``'s ``part`` (else ``fallback``).
 
-        Without either, the exception goes on (the caller cannot go on without that source).
+        Without either, or with ``keep_last`` False, the exception is counted and goes on: the caller
+        cannot go on without that source, and its own log tells (the sampler's, once per change).
         """
         name = f"{source}.{part}"
         try:
             answer = call()
         except Exception as exc:  # a source's fault or bug must not cost the node its other sources
             kind = self._count(source, type(exc).__name__)
+            if not keep_last:
+                raise
             self._log(name, source, part, kind, exc)
             if name in self._last:
                 return self._last[name]
@@ -63,7 +70,8 @@ class SourceGuard:
                 raise
             return fallback  # type: ignore[return-value]
         self._log(name, source, part, None, None)
-        self._last[name] = answer
+        if keep_last:
+            self._last[name] = answer
         return answer
 
     def errors(self) -> Mapping[tuple[str, str], int]:

@@ -67,11 +67,13 @@ def _not_allowed(request: Request) -> Response:
 
 def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], float] = time.time,
              stats: HttpStats | None = None, monotonic: Callable[[], float] = time.monotonic,
-             not_ready: Callable[[], str | None] | None = None) -> App:
+             not_ready: Callable[[], str | None] | None = None,
+             starting: Callable[[], str | None] | None = None) -> App:
     """The application.
 
     /healthz fails once the sampler has finished no cycle (good or bad) for ``stale_after`` seconds;
-    /readyz fails before the first snapshot and while ``not_ready`` gives a reason (NVML down);
+    /readyz fails before the first snapshot (saying ``starting``'s reason, NVML initialising, when it has
+    one) and while ``not_ready`` gives a reason (NVML down);
     ``stats`` are the server's own counters, appended to each scrape; ``/`` and ``/status.json`` serve
     the snapshot's status tree (docs/status.md) as HTML and JSON.
     """
@@ -95,7 +97,7 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
 
     def readyz(request: Request) -> Response:
         if not holder.ready:
-            return Response.text(503, "no snapshot yet\n")
+            return Response.text(503, f"{(starting() if starting is not None else None) or 'no snapshot yet'}\n")
         if not_ready is not None and (reason := not_ready()):
             return Response.text(503, f"{reason}\n")
         return Response.text(200, "ok\n")

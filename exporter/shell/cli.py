@@ -26,11 +26,12 @@ from exporter.pipeline.sampler import SamplerThread
 from exporter.shell.config import SUBCOMMANDS, Config, ConfigError, bind_error, check_listen, load_config
 from exporter.shell.logging_setup import configure_logging
 from exporter.shell.sources import PodResourcesSource, XidSource
-from exporter.shell.status import CycleMonitor
+from exporter.shell.status import CycleMonitor, StuckWatch, stuck_after
 from exporter.shell.summary import startup_summary
 
 log = logging.getLogger("kube_gpu_exporter")
 SWITCH_INTERVAL = 0.0001  # seconds; see _serve
+FIRST_CYCLE_WAIT = 5.0  # seconds the listener waits for the first cycle (a scrape then has data) at most
 
 
 @dataclass
@@ -46,13 +47,31 @@ class Daemon:
     # Started after the first sampling cycle, so they can already resolve GPUs and pods.
     late_starts: list[Callable[[], None]] = field(default_factory=list)
     monitor: CycleMonitor | None = None  # readiness and state logging after each cycle
+    watch: StuckWatch | None = None  # logs a cycle that runs far too long (serving only)
 
-    def start(self) -> None:
-        """First cycle synchronously (the first scrape has data), then the background threads."""
-        self.sampler.run_once()
+    def start(self, wait_first: float | None = None) -> None:
+        """First cycle synchronously (the first scrape has data), then the background threads.
+
+        With ``wait_first`` (serving) the first cycle runs on the sampler thread, waited for that many
+        seconds only: NVML's init is in it, and one that hangs must not keep the listener and /healthz down.
+        """
+        if wait_first is None:
+            self.sampler.run_once()
+            self._late_starts()
+            self.sampler.start()
+            return
+        self.sampler.after_first = self._late_starts
+        self.sampler.start()
+        if not self.sampler.first_done.wait(wait_first):
+            log.warning("NVML initialisation has not returned after %gs: listening now, /readyz answers 503 "
+                        "(NVML initialising) until the first sampling cycle ends", wait_first)
+        self.watch = StuckWatch(self.sampler, stuck_after(self.config.interval))
+        self.watch.start()
+        self.closers.append(self.watch.stop)
+
+    def _late_starts(self) -> None:
         for start in self.late_starts:
             start()
-        self.sampler.start()
 
     def close(self) -> None:
         self.sampler.stop()
@@ -277,10 +296,11 @@ def _serve(daemon: Daemon) -> int:
     # Containers often start with a soft limit of 1024: lift it, then cap connections well under it.
     limits = ServerLimits().fitted(raise_nofile_limit())
     host, port = daemon.config.host_port
-    daemon.start()
+    daemon.start(wait_first=FIRST_CYCLE_WAIT)
     stats = HttpStats()
     app = make_app(daemon.holder, stale_after=max(60.0, 20 * daemon.config.interval), stats=stats,
-                   not_ready=daemon.monitor.not_ready_reason if daemon.monitor else None)
+                   not_ready=daemon.monitor.not_ready_reason if daemon.monitor else None,
+                   starting=daemon.sampler.starting)
     # One access-log line per scrape is noise in production; keep it for --log-level debug.
     access_log = log if daemon.config.log_level.lower() == "debug" else None
     server = HttpServer(app, host, port, limits, stats, access_log=access_log, web_config=web)

@@ -10,11 +10,13 @@ the pod watch losing and regaining its sync, Events failing and working again, a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 from exporter.model import DeviceSample
 from exporter.pipeline.cycle import Pipeline
+from exporter.pipeline.sampler import SamplerThread
 from exporter.shell.logging_setup import StateLog
 from exporter.xid.stats import XidCountKey, XidStats
 
@@ -35,6 +37,7 @@ FIXES: Mapping[str, str] = {
     "NoPermission": "no access to /dev/nvidia*: run with runtimeClassName: nvidia and NVIDIA_VISIBLE_DEVICES=all",
 }
 XID_REPORT_INTERVAL = 60.0  # seconds: at most one warning per GPU and Xid in this long
+STUCK_AFTER_MIN = 10.0  # seconds a cycle may run before it is called stuck, at the least
 XID_LINES_PER_CYCLE = 10
 
 
@@ -185,3 +188,58 @@ class CycleMonitor:
         elif written > seen_written:
             self.events.good("ok", "Kubernetes Events for Xids are written again")
         self._events_seen = (written, stats.events_failed)
+
+
+def stuck_after(interval: float) -> float:
+    """How long a cycle may run before the sampler is called stuck: 5 intervals, 10 s at the least."""
+    return max(STUCK_AFTER_MIN, 5 * interval)
+
+
+def stuck_transition(running_for: float | None, threshold: float, stuck: bool) -> str | None:
+    """What to log: "stuck" when the cycle running for ``running_for`` s (None: none runs) passed the
+    threshold, "unstuck" when a stuck one ended, None when nothing changed."""
+    if running_for is not None and running_for > threshold:
+        return None if stuck else "stuck"
+    return "unstuck" if stuck and running_for is None else None
+
+
+class StuckWatch:
+    """Its own thread: logs once when a sampling cycle runs past ``threshold`` and once when it ends.
+
+    Scrapes meanwhile serve the last snapshot and /healthz fails only later (no cycle ended for its
+    ``stale_after``), so without this line a hung NVML call is silent until the kubelet restarts the pod.
+    """
+
+    def __init__(self, sampler: SamplerThread, threshold: float, every: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sampler, self.threshold, self.every, self._clock = sampler, threshold, every, clock
+        self.stuck_since: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler-watch", daemon=True)
+
+    def check(self) -> None:
+        """One look at the sampler (the thread's step; tests call it)."""
+        started = self.sampler.cycle_started
+        if self.stuck_since is not None and started != self.stuck_since:
+            started = None  # the stuck cycle ended (another may have begun since)
+        running_for = None if started is None else self._clock() - started
+        change = stuck_transition(running_for, self.threshold, self.stuck_since is not None)
+        if change == "stuck" and started is not None:
+            self.stuck_since = started
+            log.error("sampling cycle running for %.0fs (more than %gs): stuck, most likely in an NVML call; scrapes "
+                      "serve the last snapshot, /healthz fails once no cycle has ended for a while",
+                      running_for or 0.0, self.threshold)
+        elif change == "unstuck" and self.stuck_since is not None:
+            log.info("the stuck sampling cycle ended after about %.0fs: sampling again",
+                     self._clock() - self.stuck_since)
+            self.stuck_since = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.check()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -55,7 +55,7 @@ _DEVICE_KEYS = frozenset(_DEVICE_INTS) | HEALTH_KEYS | {
 _MIG_KEYS = frozenset({"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
                        "memory_used_bytes", "memory_reserved_bytes", "processes"})
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
-_NVML_KEYS = frozenset({"init_failures", "old_driver", "driver_version", "clock", "timestamps",
+_NVML_KEYS = frozenset({"init_failures", "init_delay_ms", "old_driver", "driver_version", "clock", "timestamps",
                         "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
 _TOP_KEYS = frozenset({"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml",
                        "description", "resource_slices", "resource_claims"})
@@ -215,6 +215,8 @@ def config_text(scenario: Mapping[str, Any]) -> str:
     if "driver_version" in nvml:
         lines.append(f"driver_version {as_text(nvml['driver_version'], 'nvml.driver_version')}")
     lines.append(f"init_failures {as_int(nvml.get('init_failures', 0), 'nvml.init_failures')}")
+    if "init_delay_ms" in nvml:
+        lines.append(f"init_delay_ms {as_int(nvml['init_delay_ms'], 'nvml.init_delay_ms', maximum=600_000)}")
     lines.append(f"old_driver {1 if nvml.get('old_driver') else 0}")
     clock = nvml.get("clock", "auto")
     if clock not in ("auto", "manual"):

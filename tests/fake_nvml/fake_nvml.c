@@ -384,6 +384,7 @@ struct fake_event_set {
 struct config {
     char driver_version[80];
     unsigned int init_failures;
+    unsigned int init_delay_ms; /* nvmlInitWithFlags takes this long (a driver that hangs at init) */
     int old_driver;
     int manual_clock;
     int wallclock;       /* util sample timeStamps are CPU time (epoch us), as the driver's */
@@ -533,6 +534,8 @@ static int parse_line(struct config *c, char *key, char *rest) {
         return copy_str(c->driver_version, sizeof c->driver_version, rest);
     if (strcmp(key, "init_failures") == 0)
         return parse_uint(rest, &c->init_failures);
+    if (strcmp(key, "init_delay_ms") == 0)
+        return parse_uint(rest, &c->init_delay_ms);
     if (strcmp(key, "old_driver") == 0) {
         unsigned int v;
         if (parse_uint(rest, &v) != 0 || v > 1)
@@ -864,6 +867,10 @@ EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     if (key != failure_key) {
         failure_key = key;
         failures_served = 0;
+    }
+    if (fresh.init_delay_ms) { /* held under the lock, as a driver stuck in init holds its callers */
+        struct timespec hang = {fresh.init_delay_ms / 1000, (long)(fresh.init_delay_ms % 1000) * 1000000L};
+        nanosleep(&hang, NULL);
     }
     if (failures_served < fresh.init_failures) {
         failures_served++;
