@@ -11,6 +11,7 @@ import base64
 import http.client
 import logging
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -26,7 +27,14 @@ import pytest
 import yaml
 
 from exporter.server.auth import BasicAuth
-from exporter.server.web_config import TlsReloader, TlsSettings, WebConfigError, load_web_config
+from exporter.server.web_config import (
+    TlsReloader,
+    TlsSettings,
+    WebConfigError,
+    cert_not_after,
+    expiry_state,
+    load_web_config,
+)
 from exporter.shell import cli
 from exporter.shell.config import ConfigError, load_config
 
@@ -353,3 +361,33 @@ def test_an_encrypted_key_is_refused_in_one_line_never_prompted_for(pki: Path, t
         assert reloader.current() is first
     lines = [r.getMessage() for r in caplog.records if "not reloaded" in r.getMessage()]
     assert len(lines) == 1 and "the private key is encrypted" in lines[0], lines
+
+
+def test_expiry_state() -> None:
+    assert expiry_state(None, 100.0) == "ok"
+    assert expiry_state(100.0, 100.0) == "expired"
+    assert expiry_state(100.0 + 14 * 86400, 100.0) == "expiring"
+    assert expiry_state(101.0 + 14 * 86400, 100.0) == "ok"
+
+
+@pytest.mark.e2e
+def test_a_certificate_expiring_and_expired_is_logged_once_each(pki: Path, caplog):
+    """The test PKI's certificates live 2 days: within the 14 days warned of, then expired on a moved clock."""
+    not_after = cert_not_after(pki / "server.crt")
+    assert not_after is not None and 0 < not_after - time.time() <= 2 * 86400 + 60
+    mono, wall = [0.0], [time.time()]
+    with caplog.at_level(logging.INFO, "kube_gpu_exporter.http"):
+        reloader = TlsReloader(TlsSettings(pki / "server.crt", pki / "server.key"), clock=lambda: mono[0],
+                               wall_clock=lambda: wall[0])
+        for step in range(1, 5):  # hourly checks, the certificate still 2 days from its end
+            mono[0] = step * 3600.0
+            reloader.current()
+        wall[0] = not_after + 1.0
+        for step in range(5, 9):
+            mono[0] = step * 3600.0
+            reloader.current()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "TLS certificate" in r.getMessage()]
+    assert [level for level, _ in lines] == [logging.WARNING, logging.ERROR], lines
+    assert re.fullmatch(rf"TLS certificate {re.escape(str(pki / 'server.crt'))} expires in [12]\.\d days "
+                        r"\(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\): renew it", lines[0][1]), lines[0][1]
+    assert "expired at" in lines[1][1] and "refuse every connection" in lines[1][1]

@@ -32,6 +32,8 @@ from exporter.model import OneLineError
 log = logging.getLogger("kube_gpu_exporter.http")
 
 RELOAD_CHECK_SECONDS = 2.0
+EXPIRY_WARN_SECONDS = 14 * 86400  # a certificate expiring within this long is logged (a warning)
+EXPIRY_CHECK_SECONDS = 3600.0  # its expiry looked at again this often (and at every reload)
 # The web config and each TLS file are small; the caps keep /dev/zero or a runaway file out of the memory.
 MAX_WEB_CONFIG_BYTES = 1 << 20
 MAX_TLS_FILE_BYTES = 1 << 20
@@ -197,6 +199,22 @@ def _users(section: object, where: str) -> dict[str, bytes]:
     return users
 
 
+def expiry_state(not_after: float | None, now: float, warn: float = EXPIRY_WARN_SECONDS) -> str:
+    """"expired", "expiring" (within ``warn`` seconds) or "ok" (also when the end is not known)."""
+    if not_after is None:
+        return "ok"
+    return "expired" if not_after <= now else "expiring" if not_after - now <= warn else "ok"
+
+
+def cert_not_after(path: Path) -> float | None:
+    """The first certificate's notAfter in ``path`` as unix time; None when it cannot be read here."""
+    try:
+        decoded = ssl._ssl._test_decode_cert(str(path))  # type: ignore[attr-defined]  # CPython's, no new dependency
+        return float(ssl.cert_time_to_seconds(decoded["notAfter"]))
+    except (AttributeError, KeyError, OSError, ValueError, ssl.SSLError):
+        return None
+
+
 class TlsReloader:
     """Hands every new connection a context from the current certificate files.
 
@@ -205,12 +223,16 @@ class TlsReloader:
     """
 
     def __init__(self, settings: TlsSettings, initial: ssl.SSLContext | None = None,
-                 clock: Callable[[], float] = time.monotonic, interval: float = RELOAD_CHECK_SECONDS) -> None:
-        self.settings, self._clock, self._interval = settings, clock, interval
+                 clock: Callable[[], float] = time.monotonic, interval: float = RELOAD_CHECK_SECONDS,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.settings, self._clock, self._interval, self._wall = settings, clock, interval, wall_clock
         self._stamps = self._read_stamps()
         self._current = initial if initial is not None else settings.context()
         self._checked = clock()
         self.reloads = 0
+        self._not_after = cert_not_after(settings.cert_file)
+        self._expiry, self._expiry_checked = "ok", clock()
+        self._check_expiry()
         self._base = self._current  # every handshake starts on it; _on_hello moves it to the current one
         self._base.sni_callback = self._on_hello
 
@@ -243,7 +265,28 @@ class TlsReloader:
                 else:
                     self.reloads += 1
                     log.info("TLS certificate reloaded from %s", self.settings.cert_file)
+                    self._not_after = cert_not_after(self.settings.cert_file)
+                    self._check_expiry()
+        if now - self._expiry_checked >= EXPIRY_CHECK_SECONDS:
+            self._check_expiry()
         return self._current
+
+    def _check_expiry(self) -> None:
+        """Log the served certificate's expiry once per change of state (ok, expiring, expired)."""
+        self._expiry_checked = self._clock()
+        state = expiry_state(self._not_after, self._wall())
+        if state == self._expiry:
+            return
+        self._expiry = state
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self._not_after or 0))
+        if state == "expired":
+            log.error("TLS certificate %s expired at %s: clients that verify it refuse every connection",
+                      self.settings.cert_file, when)
+        elif state == "expiring":
+            log.warning("TLS certificate %s expires in %.1f days (%s): renew it", self.settings.cert_file,
+                        ((self._not_after or 0) - self._wall()) / 86400, when)
+        else:
+            log.info("TLS certificate %s is valid until %s", self.settings.cert_file, when)
 
     def _on_hello(self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
                   ctx: ssl.SSLContext) -> None:
