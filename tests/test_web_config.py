@@ -391,3 +391,52 @@ def test_a_certificate_expiring_and_expired_is_logged_once_each(pki: Path, caplo
     assert re.fullmatch(rf"TLS certificate {re.escape(str(pki / 'server.crt'))} expires in [12]\.\d days "
                         r"\(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC\): renew it", lines[0][1]), lines[0][1]
     assert "expired at" in lines[1][1] and "refuse every connection" in lines[1][1]
+
+
+@pytest.mark.e2e
+def test_failed_handshakes_are_counted_and_logged_once_a_minute(pki: Path, caplog):
+    """Before, asyncio dropped them without a word (only its debug mode logs them)."""
+    from exporter.exposition.snapshot import empty_snapshot
+    from exporter.pipeline.holder import SnapshotHolder
+    from exporter.server.app import HttpServer, make_app
+    from exporter.server.limits import ServerLimits
+    from exporter.server.stats import HttpStats
+    from exporter.server.web_config import WebConfig
+
+    web = load_web_config_for(pki)
+    stats = HttpStats()
+    server = HttpServer(make_app(SnapshotHolder(empty_snapshot(0.0)), 60.0, stats=stats), "127.0.0.1", 0,
+                        ServerLimits(), stats, web_config=WebConfig("web.yml", web.tls, {}, web.context))
+
+    async def go() -> None:
+        await server.start()
+        try:
+            for _ in range(5):  # plain HTTP on the TLS port
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert await asyncio.wait_for(reader.read(), 5) == b""
+                writer.close()
+            _, writer = await asyncio.open_connection("127.0.0.1", server.port)  # a TCP probe: connect, close
+            writer.close()
+            ctx = client_context(pki)
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx,
+                                                           server_hostname="localhost")
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 200 OK")  # TLS still served
+            writer.close()
+            await asyncio.sleep(0.2)
+        finally:
+            await server.close()
+
+    with caplog.at_level(logging.WARNING, "kube_gpu_exporter.http"):
+        asyncio.run(go())
+    assert stats.errors["tls_handshake"] == 5
+    lines = [r.getMessage() for r in caplog.records if "TLS handshake" in r.getMessage()]
+    assert lines == ["TLS handshake with 127.0.0.1 failed: HTTP_REQUEST"], lines  # then held back for a minute
+
+
+def load_web_config_for(pki: Path):
+    from exporter.server.web_config import TlsSettings, WebConfig
+
+    settings = TlsSettings(pki / "server.crt", pki / "server.key")
+    return WebConfig("web.yml", settings, {}, settings.context())

@@ -23,6 +23,7 @@ from exporter.server.encoding import wants_gzip
 from exporter.server.limits import ConnectionLimiter, ServerHooks, ServerLimits, log, loop_exception_handler
 from exporter.server.protocol import HttpConnection
 from exporter.server.stats import HttpStats, RateLimitedLog
+from exporter.server.tls_accept import TlsAccept, handshake_reason
 from exporter.server.web_config import TlsReloader, WebConfig
 from exporter.server.wire import Handler, Request, Response
 
@@ -159,11 +160,20 @@ class HttpServer:
         def factory() -> HttpConnection:
             return HttpConnection(self.app.handler, self.limits, self.hooks, loop)
 
-        # TLS: a handshake must complete within the header timeout (the limiter counts connections only after it).
-        tls = {} if self.tls is None else {"ssl": self.tls.server_context(),
-                                           "ssl_handshake_timeout": self.limits.header_timeout}
-        self._server = await loop.create_server(factory, self.host or None, self.requested_port,
-                                                backlog=self.limits.backlog, reuse_address=True, **tls)
+        accept: Callable[[], asyncio.Protocol] = factory
+        if self.tls is not None:  # a handshake must complete within the header timeout (the limiter counts
+            context = self.tls.server_context()  # connections only after it); a failed one is told
+
+            def accept() -> asyncio.Protocol:
+                return TlsAccept(factory, context, self.limits.header_timeout, self._handshake_failed, loop)
+
+        self._server = await loop.create_server(accept, self.host or None, self.requested_port,
+                                                backlog=self.limits.backlog, reuse_address=True)
+
+    def _handshake_failed(self, remote: str, exc: BaseException) -> None:
+        """Counted (``http_errors_total{reason="tls_handshake"}``) and one line a minute at most."""
+        self.stats.error("tls_handshake")
+        self.report("tls_handshake", f"TLS handshake with {remote} failed: {handshake_reason(exc)}")
 
     @property
     def port(self) -> int:

@@ -25,6 +25,7 @@ ERROR_REASONS = (
     "accept_emfile", "accept_enfile", "accept_enobufs", "accept_enomem",  # accept() out of resources
     "bad_request_line", "bad_header", "too_large", "bad_request",  # malformed requests (400)
     "internal_error", "loop_error",  # our own faults: a handler raised, the event loop reported one
+    "tls_handshake",  # a TLS handshake that failed (plain HTTP on the TLS port, a refused client certificate)
 )
 DROP_REASONS = ("limit", "header_timeout", "request_timeout")
 
@@ -40,7 +41,8 @@ class RateLimitedLog:
     """At most one line per ``every`` seconds per topic; the next line says how many were held back.
 
     The server's topics: ``malformed`` (requests answered 400), ``accept`` (accept() failures),
-    ``dropped`` (connections closed by the cap or a timeout), ``internal_error``, ``loop_error``.
+    ``dropped`` (connections closed by the cap or a timeout), ``internal_error``, ``loop_error``,
+    ``tls_handshake``.
     """
 
     def __init__(self, logger: logging.Logger, every: float = 60.0,
