@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -142,18 +143,18 @@ def test_permission_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     make_proc(tmp_path, 100, start=1000, cgroup=cgroup_text(UID_A, CID_A))
     make_proc(tmp_path, 101, start=1001, cgroup=cgroup_text(UID_B, CID_B))
     make_proc(tmp_path, 102, start=1002, cgroup=cgroup_text(UID_B, CID_B))
-    real_read = Path.read_bytes
+    real_open = Path.open
 
-    def read_bytes(self: Path) -> bytes:
+    def open_(self: Path, *args: Any, **kwargs: Any) -> Any:
         if self == tmp_path / "100" / "cgroup":
             raise PermissionError(13, "Permission denied")
         if self == tmp_path / "101" / "stat":
             raise OSError(5, "Input/output error")
         if self == tmp_path / "102" / "stat":
             raise ProcessLookupError(3, "No such process")
-        return real_read(self)
+        return real_open(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(Path, "open", open_)
     reader = ProcReader(tmp_path)
     assert reader.resolve([100, 101, 102]) == {}
     assert reader.skips()["permission"] == 1
@@ -227,3 +228,17 @@ def test_resolve_never_raises_on_garbage_files(stat: bytes, cgroup: bytes) -> No
         assert 8 not in got
         assert set(reader.skips()) == set(SKIP_REASONS)
         assert all(v >= 0 for v in reader.skips().values())
+
+
+def test_a_proc_file_over_the_limit_is_a_counted_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --host-proc of ordinary files could hold anything (/dev/zero linked in): read no further than 1 MiB."""
+    from exporter.node import procfs
+
+    monkeypatch.setattr(procfs, "MAX_PROC_FILE_BYTES", 4096)
+    make_proc(tmp_path, 100, start=1000, cgroup=cgroup_text(UID_A, CID_A) + "#" * 5000)
+    make_proc(tmp_path, 200, start=2000, cgroup=cgroup_text(UID_A, CID_A))
+    (tmp_path / "300").mkdir()
+    (tmp_path / "300" / "stat").symlink_to("/dev/zero")
+    reader = ProcReader(tmp_path)
+    assert reader.resolve([100, 200, 300]) == {200: CgroupRef(UID_A, CID_A, "containerd")}
+    assert reader.skips()["read_error"] == 2

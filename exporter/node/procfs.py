@@ -41,6 +41,10 @@ def parse_stat_starttime(text: str) -> int | None:
     return int(value)
 
 
+# The kernel's stat and cgroup files are a few hundred bytes; anything this large is not one of them.
+MAX_PROC_FILE_BYTES = 1 << 20
+
+
 class _Gone(Exception):
     """The process's /proc files could not be read; ``reason`` is a SKIP_REASONS key."""
 
@@ -66,13 +70,16 @@ class ProcReader:
 
     def _read(self, pid: int, name: str) -> str:
         try:
-            data = (self._proc / str(pid) / name).read_bytes()
+            with (self._proc / str(pid) / name).open("rb") as f:
+                data = f.read(MAX_PROC_FILE_BYTES + 1)
         except (FileNotFoundError, ProcessLookupError, NotADirectoryError) as exc:
             raise _Gone("exited") from exc
         except PermissionError as exc:
             raise _Gone("permission") from exc
         except OSError as exc:  # e.g. EIO; not worth failing a whole cycle for
             raise _Gone("read_error") from exc
+        if len(data) > MAX_PROC_FILE_BYTES:  # not the kernel's (a --host-proc of files): counted, skipped
+            raise _Gone("read_error")
         # comm and cgroup names are arbitrary bytes; a bad byte must not lose the process
         return data.decode("utf-8", errors="replace")
 
