@@ -2,12 +2,13 @@
 
 The exporter reads bytes it does not control: the kubelet's pod-resources answer, the kernel log (its
 records and the Xid lines in them), /proc's cgroup and stat files, a scenario file, the web config file,
-HTTP request heads. Each decoder here either returns or raises the error type its caller handles (a
+HTTP request heads and Authorization headers, and the API's pods and DRA objects as any JSON. Each decoder here either returns or raises the error type its caller handles (a
 counted skip, a one-line refusal); anything else would reach the cycle's SourceGuard or the server as a bug.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.attribution.cgroup import parse_cgroup
+from exporter.attribution.dra_objects import parse_claims, parse_pod_claims, parse_slices
 from exporter.node.podresources import PodResourcesDecodeError, decode_list_response
+from exporter.node.pods import MalformedPod, parse_pod
 from exporter.node.procfs import parse_stat_starttime
 from exporter.node.simulate import ScenarioError, load_scenario
 from exporter.server.auth import BasicAuth
@@ -66,6 +69,29 @@ def test_kernel_log_records_and_their_xid_lines(data: bytes, final: bool) -> Non
 def test_proc_cgroup_and_stat_files(content: str) -> None:
     parse_cgroup(content)
     parse_stat_starttime(content)
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                         st.sampled_from(["metadata", "spec", "status", "uid", "name", "namespace", "containers",
+                                          "devices", "allocation", "reservedFor", "resourceClaims", "driver",
+                                          "pool", "nodeName", "x"]), inner, max_size=5), max_leaves=25)
+
+
+@given(st.one_of(BYTES, _json.map(lambda v: json.dumps(v).encode())))
+def test_api_objects_from_any_json(data: bytes) -> None:
+    """The API client hands on whatever JSON a watch line held: pods and DRA objects are parsed or skipped."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return  # not JSON: the client's own error, counted as a sync error
+    _returns_or_raises(lambda: parse_pod(obj), MalformedPod)
+    skipped: list[str] = []
+    objs = obj if isinstance(obj, list) else [obj]
+    parse_slices(objs, "node-1", skipped.append)
+    parse_claims(objs, skipped.append)
+    parse_pod_claims(obj, skipped.append)
+    assert all(isinstance(reason, str) for reason in skipped)
 
 
 @given(BYTES)
