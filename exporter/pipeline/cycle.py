@@ -148,10 +148,10 @@ class Pipeline:
             sample = replace(sample, duration_seconds=time.monotonic() - started)
         self.samples_total += 1
         self._count_skips(allocations.skips, attr.skips, pod_label_skips(attr.pods, self.settings.pod_labels))
-        families = self._outputs(attr, sample)
+        xids = read("xid", "summary", src.xids, None)
+        families = self._outputs(attr, sample, xids)
         now = self.settings.clock()
         stats = self._stats(state, now)
-        xids = self.reads.read("xid", "summary", self.sources.xids, None)
         self._status = self.outputs.run("status", lambda: build_status(
             attr, sample, stats, xids, self.node_name, now), self._status)
         stats = replace(stats, output_failures=self._output_failures())  # this cycle's status included
@@ -161,14 +161,13 @@ class Pipeline:
         snapshot = make_snapshot([f for part in families for f in part], now, sample.devices, owners)
         return replace(snapshot, status=self._status), attr
 
-    def _outputs(self, attr: NodeAttribution, sample: NodeSample) -> list[list[Metric]]:
+    def _outputs(self, attr: NodeAttribution, sample: NodeSample, xids: XidSummary | None) -> list[list[Metric]]:
         """The metric outputs of one cycle, in render order (the exporter's own families go in at index 2)."""
         s, run = self.settings, self.outputs.run
         rows = run("rows", lambda: workload_families(attr, sample, s.node_name, s.names, s.per_process,
                                                      s.pod_labels), [])
         usage = run("usage", lambda: self._advance_usage(attr, sample), [])
         xid = run("xid", self.sources.xid_families, [])
-        xids = self.reads.read("xid", "summary", self.sources.xids, None) if s.dcgm_compat else None
         dcgm = run("dcgm", lambda: dcgm_families(attr, sample, s.node_name, _latest(xids)),
                    []) if s.dcgm_compat else []
         return [rows, usage, xid, dcgm]
