@@ -146,6 +146,22 @@ def test_a_new_client_takes_the_place_of_one_that_keeps_failing(held_bcrypt: thr
     assert auth.results["busy"] == 1
 
 
+def test_a_waiter_whose_connection_went_away_gives_its_turn_on(held_bcrypt: threading.Event) -> None:
+    auth = BasicAuth({"p": bcrypt.hashpw(b"x", bcrypt.gensalt(4))})
+
+    async def go() -> None:
+        running = [asyncio.create_task(auth.verdict(header("p", f"r{i}"), f"10.0.0.{i}")) for i in range(BCRYPT_SLOTS)]
+        waiting = [asyncio.create_task(auth.verdict(header("p", f"w{i}"), f"10.0.1.{i}")) for i in range(3)]
+        await asyncio.sleep(0.01)
+        waiting[0].cancel()  # the first in line hung up
+        await asyncio.sleep(0)
+        held_bcrypt.set()
+        assert await asyncio.gather(*running, *waiting[1:]) == ["wrong"] * (BCRYPT_SLOTS + 2)
+        assert auth._running == 0 and not auth._busy and not auth._waiting  # nothing left behind
+
+    asyncio.run(go())
+
+
 def test_one_client_has_one_check_at_a_time(held_bcrypt: threading.Event) -> None:
     auth = BasicAuth({"p": bcrypt.hashpw(b"x", bcrypt.gensalt(4))})
 

@@ -2,8 +2,9 @@
 
 The exporter reads bytes it does not control: the kubelet's pod-resources answer, the kernel log (its
 records and the Xid lines in them), /proc's cgroup and stat files, a scenario file, the web config file,
-HTTP request heads and Authorization headers, and the API's pods and DRA objects as any JSON. Each decoder here either returns or raises the error type its caller handles (a
-counted skip, a one-line refusal); anything else would reach the cycle's SourceGuard or the server as a bug.
+HTTP request heads and Authorization headers, and the API's pods and DRA objects as any JSON. Each
+decoder here either returns or raises the error type its caller handles (a counted skip, a one-line
+refusal); anything else would reach the cycle's SourceGuard or the server as a bug.
 """
 
 from __future__ import annotations

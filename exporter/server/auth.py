@@ -174,7 +174,8 @@ class BasicAuth:
             return False
         if victim is not None:
             self._busy.discard(victim.client)
-            self._waiting.pop(victim).set_result(False)
+            if not (evicted := self._waiting.pop(victim)).done():  # done: cancelled, its task cleans up
+                evicted.set_result(False)
         self._busy.add(client)
         if decision == "run":
             self._running += 1
@@ -193,10 +194,12 @@ class BasicAuth:
     def _release(self, client: str) -> None:
         self._busy.discard(client)
         self._running -= 1
-        if self._waiting:
-            first = min(self._waiting)
-            self._running += 1
-            self._waiting.pop(first).set_result(True)
+        while self._waiting:
+            slot = self._waiting.pop(min(self._waiting))
+            if not slot.done():  # done: its connection went away (cancelled), the next one gets the slot
+                self._running += 1
+                slot.set_result(True)
+                return
 
     async def check(self, request: Request) -> Response | None:
         """Every path, as node_exporter: 401 with ``WWW-Authenticate: Basic`` without valid credentials,
