@@ -6,10 +6,10 @@
 * bcrypt work is bounded: :data:`BCRYPT_SLOTS` checks at once, :data:`MAX_WAITING` waiting, one per
   client address in flight or waiting. Beyond that a request is refused at once (429 with
   ``Retry-After``), counted, never queued: a flood from one address costs one core at most.
-* Fair per client: waiters go in the order of their address's wrong credentials since its last
-  success, then of arrival, and a full waiting room gives a waiter's place to a client with fewer
-  failures, so a scraper arriving with a credential not yet cached waits about one bcrypt, not
-  behind the flood.
+* Fair per client: waiters go in the order of their address's strikes (wrong credentials and refused
+  checks since its last success), then of arrival, and a full waiting room gives a waiter's place to
+  a client with fewer, so a scraper arriving with a credential not yet cached waits about one bcrypt,
+  not behind the flood.
 * A wrong credential is remembered a while too (bounded), so repeating it costs no bcrypt.
 * An unknown user name is checked against a dummy hash of the same cost as the highest of the configured
   hashes, so a wrong user name takes as long as a wrong password.
@@ -38,7 +38,7 @@ DENIED_CACHE_SECONDS = 60.0  # a refused credential, this long (no bcrypt for it
 DENIED_CACHE_MAX = 1024
 BCRYPT_SLOTS = 2  # checks at once: at most 2 cores' worth
 MAX_WAITING = 16  # checks waiting for a slot; at cost 12 (~0.25 s) the last waits about 2 s
-MAX_CLIENTS = 4096  # client addresses whose failures are remembered
+MAX_CLIENTS = 4096  # client addresses whose strikes are remembered
 RESULTS = ("cached", "verified", "wrong", "busy")  # kube_gpu_exporter_http_auth_total{result}
 _COST = re.compile(rb"\$2[aby]\$(\d\d)\$")
 
@@ -54,9 +54,9 @@ def lookup(good: Mapping[bytes, float], denied: Mapping[bytes, float], key: byte
 
 @dataclass(frozen=True, slots=True, order=True)
 class Waiter:
-    """A check waiting for a bcrypt slot; fewer recent failures of its client go first, then arrival."""
+    """A check waiting for a bcrypt slot; fewer strikes of its client go first, then arrival."""
 
-    failures: int  # the client address's wrong credentials since its last success
+    strikes: int  # the client address's wrong credentials and refused checks since its last success
     seq: int
     client: str
 
@@ -72,7 +72,7 @@ def admit(running: int, waiting: Collection[Waiter], busy: Collection[str], new:
     if len(waiting) < max_waiting:
         return "wait", None
     worst = max(waiting)
-    if new.failures < worst.failures:  # a client that keeps failing gives way to one that does not
+    if new.strikes < worst.strikes:  # a client that keeps failing or asking gives way to one that does not
         return "evict", worst
     return "refused", None
 
@@ -105,7 +105,7 @@ class BasicAuth:
         self._running = 0
         self._waiting: dict[Waiter, asyncio.Future[bool]] = {}
         self._busy: set[str] = set()  # client addresses with a check running or waiting
-        self._failures: dict[str, int] = {}  # client address -> wrong credentials since its last success
+        self._strikes: dict[str, int] = {}  # client address -> wrong credentials and refusals since its last success
         self._seq = itertools.count()
         self._dummy = dummy_hash(self.users)
         self.checks = 0  # bcrypt verifications made
@@ -158,19 +158,23 @@ class BasicAuth:
         now = self._clock()
         if ok and user in self.users:
             _remember(self._good, key, now + self._ttl, now, AUTH_CACHE_MAX)
-            self._failures.pop(client, None)
+            self._strikes.pop(client, None)
             return "verified"
         _remember(self._denied, key, now + DENIED_CACHE_SECONDS, now, DENIED_CACHE_MAX)
-        if client not in self._failures and len(self._failures) >= MAX_CLIENTS:
-            self._failures.clear()  # bounded; forgetting only makes clients equal again
-        self._failures[client] = self._failures.get(client, 0) + 1
+        self._strike(client)
         return "wrong"
+
+    def _strike(self, client: str) -> None:
+        if client not in self._strikes and len(self._strikes) >= MAX_CLIENTS:
+            self._strikes.clear()  # bounded; forgetting only makes clients equal again
+        self._strikes[client] = self._strikes.get(client, 0) + 1
 
     async def _acquire(self, client: str) -> bool:
         """A bcrypt slot for ``client`` (waiting for it when :func:`admit` says so); False: refused."""
-        new = Waiter(self._failures.get(client, 0), next(self._seq), client)
+        new = Waiter(self._strikes.get(client, 0), next(self._seq), client)
         decision, victim = admit(self._running, self._waiting, self._busy, new)
         if decision == "refused":
+            self._strike(client)  # one that keeps asking goes behind one that asks once
             return False
         if victim is not None:
             self._busy.discard(victim.client)
