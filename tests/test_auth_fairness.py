@@ -3,11 +3,12 @@
 The reproduction: with 300 connections sending wrong passwords at bcrypt cost 12, every check waited
 behind a 2-slot FIFO without bound, the correct password was cached only 60 s after its last bcrypt,
 and every scrape after t=60 s timed out; a wrong user name answered in a quarter of the time of a
-wrong password. The pure decisions (:func:`lookup`, :func:`admit`) are tested as functions; the
-flood runs against the real exporter for 20 s (not the issue's 3 minutes: the cache renewal the
-cache's lifetime is 5 s here, so it expires during the flood as it did at 60 s, which before the fix left
-every scrape waiting behind the flood's bcrypt until it timed out; halfway, a second Prometheus with a
-credential never cached scrapes from its own address and is answered in time too).
+wrong password. The pure decisions (:func:`lookup`, :func:`admit`) are tested as functions. The
+flood runs for 20 s (not the issue's 3 minutes) against the exporter's own HTTP server and basic
+auth, in this process with the cache's lifetime cut to 5 s, so that it expires during the flood as it
+did at 60 s (before the fix that left every scrape waiting behind the flood's bcrypt until it timed
+out); the attacker is a process of its own (tests/auth_flood.py). Halfway, a second Prometheus with a
+credential never cached scrapes from its own address and is answered in time too.
 """
 
 from __future__ import annotations
