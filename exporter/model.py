@@ -254,3 +254,5 @@ class XidSummary:
 
     counts: Mapping[tuple[str, int], int] = field(default_factory=lambda: EMPTY)  # (uuid, xid) -> count, all pods
     latest: Mapping[str, tuple[float, int]] = field(default_factory=lambda: EMPTY)  # uuid -> (unix time, Xid)
+    # (uuid, xid, namespace, pod, container) -> (count, unix time of the latest); "" where no pod is known
+    by_pod: Mapping[tuple[str, int, str, str, str], tuple[int, float]] = field(default_factory=lambda: EMPTY)

@@ -217,7 +217,7 @@ def build_fake_proc(root: Path, scenario: Mapping[str, Any], *, missing: Sequenc
         pdir.mkdir(exist_ok=True)
         (pdir / "stat").write_text(stat_line(pid, TRICKY_COMM, BOOT_START_TICKS + pid))
         (pdir / "cgroup").write_text(p.get("cgroup") or "0::/system.slice/host.service\n")
-        (pdir / "comm").write_text(TRICKY_COMM + "\n")
+        (pdir / "comm").write_text((p.get("comm") or TRICKY_COMM) + "\n")
     return root
 
 

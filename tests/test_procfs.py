@@ -193,6 +193,22 @@ def test_comm(tmp_path: Path) -> None:
     assert reader.resolve([100]) == {100: None}
 
 
+def test_resolve_reads_each_comm_once_per_process(tmp_path: Path) -> None:
+    d = make_proc(tmp_path, 100, start=1, cgroup="0::/\n", comm="ollama")
+    make_proc(tmp_path, 101, start=1, cgroup="0::/\n", comm="bad\nname\x1b " + "x" * 100)
+    reader = ProcReader(tmp_path)
+    reader.resolve([100, 101, 102])
+    comms = reader.comms()
+    assert comms[100] == "ollama" and 102 not in comms
+    assert "\n" not in comms[101] and len(comms[101]) <= 64  # one bounded line
+    (d / "comm").write_text("renamed\n")  # same process (same start time): the cached name stays
+    reader.resolve([100])
+    assert reader.comms() == {100: "ollama"}  # and 101, absent from this call, is gone
+    (d / "stat").write_text(stat_line(100, "x", 2))  # the PID reused: read again
+    reader.resolve([100])
+    assert reader.comms() == {100: "renamed"}
+
+
 def test_non_utf8_cgroup_bytes(tmp_path: Path) -> None:
     d = make_proc(tmp_path, 100, start=1, cgroup="")
     (d / "cgroup").write_bytes(b"1:name=systemd:/\xff\xfe\n" + cgroup_text(UID_A, CID_A).encode())

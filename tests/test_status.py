@@ -67,7 +67,7 @@ def test_mixed_node_containers_grants_use_and_unaccounted() -> None:
     assert b["grant"] == {"compute_percent": 50.0, "memory_bytes": 30000 * MIB}
     assert a["use"] == {"sm_percent": 22.0, "memory_bytes": 19327352832}  # pid 2001
     assert b["use"] == {"sm_percent": 41.0, "memory_bytes": 26843545600}  # pid 2002
-    assert gpus[2]["unaccounted"] == [{"pid": 2003, "memory_bytes": 2147483648, "sm_percent": 5.0,
+    assert gpus[2]["unaccounted"] == [{"pid": 2003, "comm": "ollama", "memory_bytes": 2147483648, "sm_percent": 5.0,
                                        "namespace": None, "pod": None, "container": None}]  # ollama on the host
     idle = gpus[3]["containers"]  # the CronJob pod known only from pod-resources
     assert [(c["pod"], c["allocate_mode"]) for c in idle] == [("nightly-eval-29012345-k7m2p", "exclusive")]
@@ -125,13 +125,19 @@ def test_xid_counts_per_gpu_and_code_with_their_meaning() -> None:
     uuid = attr.devices[2].device.uuid
     stats = XidStats(xid_counts={(uuid, 2, 79, "serving", "a", "c"): 2, (uuid, 2, 79, "serving", "b", "c"): 1,
                                  (uuid, 2, 13, "", "", ""): 1, ("", None, 48, "", "", ""): 4},
-                     last_xid_time={(uuid, 2): 1234.5}, last_xid={(uuid, 2): 79})
+                     last_xid_time={(uuid, 2): 1234.5}, last_xid={(uuid, 2): 79},
+                     last_seen={(uuid, 2, 79, "serving", "a", "c"): 1234.5, (uuid, 2, 79, "serving", "b", "c"): 1200.0,
+                                (uuid, 2, 13, "", "", ""): 1100.0, ("", None, 48, "", "", ""): 1000.0})
     status = build_status(attr, _sample(), _stats(), xid_summary(stats), "n", 100.0)
     view = status_view(status, None, 101.0, True, lambda code: {"meaning": f"m{code}"})
     gpu = view["gpus"][2]
-    assert gpu["xids"] == [{"xid": 13, "count": 1, "meaning": "m13"}, {"xid": 79, "count": 3, "meaning": "m79"}]
+    culprits = [{"namespace": "serving", "pod": "a", "container": "c", "count": 2, "last_at": 1234.5},
+                {"namespace": "serving", "pod": "b", "container": "c", "count": 1, "last_at": 1200.0}]
+    assert gpu["xids"] == [{"xid": 13, "count": 1, "last_at": 1100.0, "pods": [], "meaning": "m13"},
+                           {"xid": 79, "count": 3, "last_at": 1234.5, "pods": culprits, "meaning": "m79"}]
     assert gpu["last_xid_at"] == 1234.5
-    assert view["other_xids"] == [{"uuid": "", "xid": 48, "count": 4, "meaning": "m48"}]
+    assert view["other_xids"] == [{"uuid": "", "xid": 48, "count": 4, "last_at": 1000.0, "pods": [],
+                                   "meaning": "m48"}]
     assert all(g["xids"] == [] for i, g in enumerate(view["gpus"]) if i != 2)
 
 
@@ -219,7 +225,8 @@ def test_served_xids_carry_the_catalog_meaning() -> None:
             return await (await client.get("/status.json")).json(), await (await client.get("/")).text()
 
     body, page = asyncio.run(fetch())
-    assert body["gpus"][0]["xids"] == [{"xid": 79, "count": 1, "meaning": "GPU has fallen off the bus",
+    assert body["gpus"][0]["xids"] == [{"xid": 79, "count": 1, "last_at": 0.0, "pods": [],
+                                        "meaning": "GPU has fallen off the bus",
                                         "action": "reboot the node / service the GPU", "severity": "node"}]
     assert "GPU has fallen off the bus" in page
 

@@ -25,6 +25,7 @@ from exporter.attribution.attribute import (
 )
 from exporter.exposition.device_fields import DEVICE_FIELDS, ordered, status_value, value
 from exporter.exposition.health_rows import decode_clocks_event_reasons
+from exporter.exposition.problems import find_problems
 from exporter.exposition.rows import ExporterStats
 from exporter.model import DeviceHealth, DeviceSample, NodeSample, XidSummary
 
@@ -74,7 +75,18 @@ def _device_values(d: DeviceSample) -> dict[str, Any]:
     out["clocks_event_reasons"] = None if d.clocks_event_reasons is None else list(
         decode_clocks_event_reasons(d.clocks_event_reasons))
     out["remapped_rows"] = _remapped_rows(d.health)
+    out["retired_pages"] = _retired_pages(d.health)
+    out["ecc_errors"] = None if d.ecc_corrected_total is None and d.ecc_uncorrected_total is None else {
+        "corrected": d.ecc_corrected_total, "uncorrected": d.ecc_uncorrected_total}
     return out
+
+
+def _retired_pages(h: DeviceHealth) -> dict[str, Any] | None:
+    """Retired pages by cause and whether one waits for a reset; ``None`` where NVML has no page retirement."""
+    values = (h.retired_pages_single_bit, h.retired_pages_double_bit, h.retired_pages_pending)
+    if all(v is None for v in values):
+        return None
+    return {"single_bit": values[0], "double_bit": values[1], "pending": None if values[2] is None else bool(values[2])}
 
 
 def _remapped_rows(h: DeviceHealth) -> dict[str, Any] | None:
@@ -125,20 +137,21 @@ def _containers(dev: DeviceAttribution, placed: Sequence[PlacedAllocation]) -> l
     return [rows[k] for k in sorted(rows)]
 
 
-def _process(p: ProcessAttribution) -> dict[str, Any]:
+def _process(p: ProcessAttribution, comms: Mapping[int, str]) -> dict[str, Any]:
     return {
-        "pid": p.pid, "memory_bytes": p.used_memory_bytes, "sm_percent": p.sm_util,
+        "pid": p.pid, "comm": comms.get(p.pid), "memory_bytes": p.used_memory_bytes, "sm_percent": p.sm_util,
         "namespace": p.pod.namespace if p.pod is not None else None,
         "pod": p.pod.name if p.pod is not None else None,
         "container": p.container,
     }
 
 
-def _device_entry(dev: DeviceAttribution, placed: Sequence[PlacedAllocation]) -> dict[str, Any]:
+def _device_entry(dev: DeviceAttribution, placed: Sequence[PlacedAllocation],
+                  comms: Mapping[int, str]) -> dict[str, Any]:
     entry = _device_values(dev.device)
     entry["allocate_mode"] = dev.mode
     entry["containers"] = _containers(dev, placed)
-    entry["unaccounted"] = [_process(p) for p in sorted(dev.unaccounted, key=lambda p: p.pid)]
+    entry["unaccounted"] = [_process(p, comms) for p in sorted(dev.unaccounted, key=lambda p: p.pid)]
     entry["xids"], entry["last_xid_at"] = [], None
     if dev.device.parent_uuid is not None:
         entry["mig"] = {"profile": dev.device.mig_profile, "gpu_instance_id": dev.device.gpu_instance_id,
@@ -156,13 +169,13 @@ def _parent_entry(child: DeviceSample) -> dict[str, Any]:
     return entry
 
 
-def _gpus(attr: NodeAttribution) -> list[dict[str, Any]]:
+def _gpus(attr: NodeAttribution, comms: Mapping[int, str]) -> list[dict[str, Any]]:
     """One entry per physical GPU, its MIG instances in ``instances``."""
     gpus: list[dict[str, Any]] = []
     by_uuid: dict[str, dict[str, Any]] = {}
     for dev in attr.devices:
         d = dev.device
-        entry = _device_entry(dev, attr.allocations)
+        entry = _device_entry(dev, attr.allocations, comms)
         if d.parent_uuid is None:
             entry.setdefault("instances", [])
             if d.uuid in by_uuid:  # its instances came first
@@ -191,24 +204,40 @@ def _sum_memory(card: dict[str, Any]) -> None:
 
 
 def _attach_xids(gpus: list[dict[str, Any]], xids: XidSummary) -> list[dict[str, Any]]:
-    """Put each Xid count on its GPU (or MIG instance); returns those of no GPU on this page."""
+    """Put each Xid count on its GPU (or MIG instance); returns those of no GPU on this page.
+
+    Each entry has its latest time and the pods that raised it (the kernel log names the process)."""
     counts, last = xids.counts, {uuid: at for uuid, (at, _xid) in xids.latest.items()}
     entries = {g["uuid"]: g for g in gpus}
     entries.update({i["uuid"]: i for g in gpus for i in g["instances"]})
+    culprits: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    seen: dict[tuple[str, int], float] = {}
+    for (uuid, xid, ns, pod, ctr), (n, at) in sorted(xids.by_pod.items()):
+        seen[(uuid, xid)] = max(seen.get((uuid, xid), at), at)
+        if pod:
+            culprits.setdefault((uuid, xid), []).append({"namespace": ns, "pod": pod, "container": ctr or None,
+                                                         "count": int(n), "last_at": at})
     other: list[dict[str, Any]] = []
     for (uuid, xid), n in sorted(counts.items()):
         target = entries.get(uuid)
+        row = {"xid": xid, "count": int(n), "last_at": seen.get((uuid, xid)), "pods": culprits.get((uuid, xid), [])}
         if target is None:
-            other.append({"uuid": uuid, "xid": xid, "count": int(n)})
+            other.append({"uuid": uuid, **row})
         else:
-            target["xids"].append({"xid": xid, "count": int(n)})
+            target["xids"].append(row)
     for uuid, ts in last.items():
         if uuid in entries:
             entries[uuid]["last_xid_at"] = ts
     return other
 
 
-def _subsystems(sample: NodeSample, stats: ExporterStats) -> dict[str, Any]:
+def _state(states: Mapping[str, tuple[str, bool | None]], name: str) -> dict[str, Any]:
+    text, ok = states.get(name, (None, None))
+    return {"state": text, "ok": ok}
+
+
+def _subsystems(sample: NodeSample, stats: ExporterStats, states: Mapping[str, tuple[str, bool | None]]
+                ) -> dict[str, Any]:
     errors = [{"call": call, "error": err, "count": n} for (call, err), n in sorted(sample.errors.items())]
     return {
         "nvml": {"up": sample.nvml_up, "driver_version": sample.driver_version, "errors": errors},
@@ -217,13 +246,20 @@ def _subsystems(sample: NodeSample, stats: ExporterStats) -> dict[str, Any]:
         "sampler": {"samples_total": stats.samples_total, "sample_failures_total": stats.sample_failures_total,
                     "cycle_seconds": sample.duration_seconds},
         "skips": dict(sorted(stats.skips.items())),
+        "pod_resources": _state(states, "pod_resources"),
+        "kernel_log": _state(states, "kernel_log"),
+        "output_failures": dict(sorted(stats.output_failures.items())),
     }
 
 
 def build_status(attr: NodeAttribution, sample: NodeSample, stats: ExporterStats, xids: XidSummary | None,
-                 node_name: str, built_at: float) -> Status:
-    """The status tree of one cycle (immutable); ``xids`` the watcher's counts, None without one."""
-    gpus = _gpus(attr)
+                 node_name: str, built_at: float, comms: Mapping[int, str] | None = None,
+                 states: Mapping[str, tuple[str, bool | None]] | None = None) -> Status:
+    """The status tree of one cycle (immutable); ``xids`` the watcher's counts, None without one.
+
+    ``comms``: the command names /proc gave this cycle's PIDs; ``states``: the pod-resources and kernel
+    log sources' (state, ok)."""
+    gpus = _gpus(attr, comms or {})
     other_xids = _attach_xids(gpus, xids or XidSummary())
     unplaced = [_grant_row(a) for a in sorted(attr.allocations, key=lambda a: (a.pod.namespace, a.pod.name,
                                                                             a.container)) if not a.uuid]
@@ -231,7 +267,7 @@ def build_status(attr: NodeAttribution, sample: NodeSample, stats: ExporterStats
         "node": node_name,
         "built_at": built_at,
         "snapshot_age_seconds": 0.0,
-        "subsystems": _subsystems(sample, stats),
+        "subsystems": _subsystems(sample, stats, states or {}),
         "gpus": gpus,
         "unplaced": unplaced,
         "other_xids": other_xids,
@@ -244,13 +280,14 @@ XidCatalog = Callable[[int], Mapping[str, str]]
 
 def status_view(status: Status, failures: int | None, now: float, ready: bool,
                 xid_catalog: XidCatalog | None = None) -> dict[str, Any]:
-    """What a request serves: a plain copy of ``status`` with its age, failure count and Xid meanings.
+    """What a request serves: a plain copy of ``status`` with its age, failure count, Xid meanings and the
+    problems judged at ``now`` (exporter/exposition/problems.py).
 
     ``failures`` is the served snapshot's count (a failed cycle updates the snapshot, not its status tree).
     """
     if not status:
         return {"ready": False, "node": None, "built_at": None, "snapshot_age_seconds": None, "subsystems": None,
-                "gpus": [], "unplaced": [], "other_xids": [], "disagreements": {}}
+                "gpus": [], "unplaced": [], "other_xids": [], "disagreements": {}, "problems": []}
     view = thaw(status)
     view["ready"] = ready
     view["snapshot_age_seconds"] = max(0.0, now - view["built_at"])
@@ -261,7 +298,8 @@ def status_view(status: Status, failures: int | None, now: float, ready: bool,
         entries += [x for g in view["gpus"] for i in g["instances"] for x in i["xids"]]
         for x in entries:
             x.update(xid_catalog(x["xid"]))
-    return view
+    # First in the JSON as on the page; judged with the age and the Xid meanings filled in.
+    return {"problems": find_problems(view, now), **view}
 
 
 def status_json(view: Mapping[str, Any]) -> bytes:

@@ -64,7 +64,8 @@ class ProcReader:
     def __init__(self, host_proc: Path = Path("/proc"), max_cache: int = 65536) -> None:
         self._proc = Path(host_proc)
         self._max_cache = max(0, max_cache)
-        self._cache: dict[int, tuple[int, CgroupRef | None]] = {}  # pid -> (start time, ref)
+        self._cache: dict[int, tuple[int, CgroupRef | None, str | None]] = {}  # pid -> (start time, ref, comm)
+        self._comms: dict[int, str] = {}  # the last resolve's command names
         self._skips: dict[str, int] = dict.fromkeys(SKIP_REASONS, 0)
         self._lock = threading.Lock()
 
@@ -83,8 +84,8 @@ class ProcReader:
         # comm and cgroup names are arbitrary bytes; a bad byte must not lose the process
         return data.decode("utf-8", errors="replace")
 
-    def _resolve_one(self, pid: int) -> tuple[int | None, CgroupRef | None]:
-        """Return (start time or None if unparsable, ref); raise _Gone if the process left."""
+    def _resolve_one(self, pid: int) -> tuple[int | None, CgroupRef | None, str | None]:
+        """Return (start time or None if unparsable, ref, comm); raise _Gone if the process left."""
         stat = self._read(pid, "stat")
         if not stat:
             # a process being reaped can show an empty stat before its directory disappears
@@ -95,30 +96,39 @@ class ProcReader:
         else:
             cached = self._cache.get(pid)
             if cached is not None and cached[0] == start:
-                return start, cached[1]
+                return cached
         parsed = parse_cgroup(self._read(pid, "cgroup"))
         self._skips["malformed_cgroup_line"] += parsed.malformed_lines
-        return start, parsed.ref
+        # Read with the cgroup, once per process: the status page names what an unaccounted process is.
+        return start, parsed.ref, self.comm(pid)
 
     def resolve(self, pids: Iterable[int]) -> dict[int, CgroupRef | None]:
         """Map each live PID to its ref (None: not in a pod); PIDs that exited are omitted."""
         with self._lock:
             result: dict[int, CgroupRef | None] = {}
-            fresh: dict[int, tuple[int, CgroupRef | None]] = {}
+            fresh: dict[int, tuple[int, CgroupRef | None, str | None]] = {}
+            comms: dict[int, str] = {}
             for pid in pids:
                 if pid in result:
                     continue
                 try:
-                    start, ref = self._resolve_one(pid)
+                    start, ref, comm = self._resolve_one(pid)
                 except _Gone as gone:
                     self._skips[gone.reason] += 1
                     continue
                 result[pid] = ref
+                if comm is not None:
+                    comms[pid] = comm
                 # without a start time we cannot tell reuse apart, so such a PID is never cached
                 if start is not None and len(fresh) < self._max_cache:
-                    fresh[pid] = (start, ref)
-            self._cache = fresh
+                    fresh[pid] = (start, ref, comm)
+            self._cache, self._comms = fresh, comms
             return result
+
+    def comms(self) -> Mapping[int, str]:
+        """The command name (``/proc/<pid>/comm``) of each PID the last :meth:`resolve` placed, where readable."""
+        with self._lock:
+            return MappingProxyType(dict(self._comms))
 
     def skips(self) -> Mapping[str, int]:
         """Cumulative count of skipped reads by reason (see SKIP_REASONS)."""
@@ -126,8 +136,9 @@ class ProcReader:
             return MappingProxyType(dict(self._skips))
 
     def comm(self, pid: int) -> str | None:
-        """The process's command name (``/proc/<pid>/comm``), or None if it cannot be read."""
+        """The process's command name (``/proc/<pid>/comm``, one line of at most 64 characters), or None."""
         try:
-            return self._read(pid, "comm").rstrip("\n")
+            text = self._read(pid, "comm").rstrip("\n")
         except _Gone:
             return None
+        return " ".join(text.split())[:64] or None  # the kernel's is 15 bytes; whatever the file holds, one line

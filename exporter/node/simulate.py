@@ -56,26 +56,21 @@ _MIG_KEYS = {"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memor
 # What a MIG device reads from its physical GPU (NVML answers these on the parent handle only).
 _MIG_FROM_PARENT = ("power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
                     "ecc_corrected_total", "ecc_uncorrected_total", "clocks_event_reasons", "health")
-_PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_util", "cgroup", "type"}
+_PROCESS_KEYS = {"pid", "used_memory_bytes", "sm_util", "cgroup", "type", "comm"}  # comm: /proc/<pid>/comm
 _TOP_KEYS = {"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml", "description",
              "resource_slices", "resource_claims"}
 # not_supported names (shared with the fake NVML library) -> the DeviceSample fields they blank;
 # the health keys (HEALTH_KEYS) are not_supported names as well and blank their DeviceHealth field.
 NOT_SUPPORTED_FIELDS: dict[str, tuple[str, ...]] = {
-    "power": ("power_usage_milliwatts",),
-    "temperature": ("temperature_celsius",),
-    "utilization": ("utilization_gpu", "utilization_memory"),
-    "clocks": ("sm_clock_mhz", "memory_clock_mhz"),
+    "power": ("power_usage_milliwatts",), "temperature": ("temperature_celsius",),
+    "utilization": ("utilization_gpu", "utilization_memory"), "clocks": ("sm_clock_mhz", "memory_clock_mhz"),
     "ecc": ("ecc_corrected_total", "ecc_uncorrected_total"),
-    "encoder": ("encoder_utilization",),
-    "decoder": ("decoder_utilization",),
-    "clocks_event_reasons": ("clocks_event_reasons",),
+    "encoder": ("encoder_utilization",), "decoder": ("decoder_utilization",),
+    "clocks_event_reasons": ("clocks_event_reasons",), "process_utilization": (),
     "memory": ("memory_total_bytes", "memory_used_bytes", "memory_reserved_bytes"),  # the whole memory-info call
     "memory_reserved_bytes": ("memory_reserved_bytes",),
-    "process_utilization": (),
     # Fake-NVML faults with no field to blank here: accepted so one scenario serves both backends.
-    "events": (),
-    "mig": (),
+    "events": (), "mig": (),
 }
 
 
@@ -86,6 +81,7 @@ class ScenarioProcess:
     sm_util: int
     cgroup: str
     kind: str
+    comm: str | None = None  # /proc/<pid>/comm (the fake /proc of the tests writes it too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +123,7 @@ def _process(raw: object, where: str) -> ScenarioProcess:
         sm_util=sm,
         cgroup=as_str(p.get("cgroup", "0::/\n"), f"{where}.cgroup"),
         kind=kind,
+        comm=" ".join(as_str(p.get("comm", ""), f"{where}.comm").split())[:64] or None,  # as ProcReader.comm
     )
 
 
@@ -377,6 +374,7 @@ class ScenarioProc:
     def __init__(self, scenario: Scenario) -> None:
         parsed = {p.pid: parse_cgroup(p.cgroup) for d in scenario.devices for p in d.processes}
         self._refs = {pid: r.ref for pid, r in parsed.items()}
+        self._comms = {p.pid: p.comm for d in scenario.devices for p in d.processes if p.comm}
         malformed = sum(r.malformed_lines for r in parsed.values())
         self._skips: dict[str, int] = {"malformed_cgroup_line": malformed} if malformed else {}
 
@@ -391,3 +389,6 @@ class ScenarioProc:
 
     def skips(self) -> Mapping[str, int]:
         return dict(self._skips)
+
+    def comms(self) -> Mapping[int, str]:
+        return dict(self._comms)

@@ -75,6 +75,9 @@ class Sources:
     pod_claims: Callable[[], Mapping[str, PodClaims]] = dict
     xid_families: Callable[[], list[Metric]] = list  # the Xid watcher's own families
     xids: Callable[[], XidSummary | None] = _no_xids  # its counts, None without a watcher
+    comms: Callable[[], Mapping[int, str]] = dict  # /proc/<pid>/comm of the PIDs proc last resolved
+    # subsystem -> (state, ok: None when not in use) of the sources the status page judges (pod-resources, kernel log)
+    states: Callable[[], Mapping[str, tuple[str, bool | None]]] = dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +156,8 @@ class Pipeline:
         now = self.settings.clock()
         stats = self._stats(state, now)
         self._status = self.outputs.run("status", lambda: build_status(
-            attr, sample, stats, xids, self.node_name, now), self._status)
+            attr, sample, stats, xids, self.node_name, now, self.sources.comms(),
+            self.sources.states()), self._status)
         stats = replace(stats, output_failures=self._output_failures())  # this cycle's status included
         families.insert(2, self_families(sample, stats, self.node_name))  # after rows and usage, as always
         owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)

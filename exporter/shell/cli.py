@@ -25,7 +25,7 @@ from exporter.pipeline.holder import SnapshotHolder
 from exporter.pipeline.sampler import SamplerThread
 from exporter.shell.config import SUBCOMMANDS, Config, ConfigError, bind_error, check_listen, load_config
 from exporter.shell.logging_setup import configure_logging
-from exporter.shell.sources import PodResourcesSource, XidSource
+from exporter.shell.sources import PodResourcesSource, XidSource, pod_resources_state
 from exporter.shell.status import CycleMonitor, StuckWatch, stuck_after
 from exporter.shell.summary import startup_summary
 
@@ -150,7 +150,9 @@ def build_daemon(cfg: Config) -> Daemon:
     dra = (static_dra(scenario.resource_slices, scenario.resource_claims, scenario.pods) if cfg.simulate
            else getattr(pods, "dra", NO_DRA))
     sources = Sources(backend, proc, pods, node_labels, node_capacity, pod_resources,
-                      dra.resource_slices, dra.resource_claims, dra.pod_claims, xid_families, xid_families.summary)
+                      dra.resource_slices, dra.resource_claims, dra.pod_claims, xid_families, xid_families.summary,
+                      proc.comms, lambda: {"pod_resources": pod_resources_state(pod_resources),
+                                           "kernel_log": xid_families.state()})
     pipeline = Pipeline(sources, Settings(node, names, cfg.per_process_metrics, dcgm_compat=cfg.dcgm_compat,
                                           pod_labels=parse_allowlist(cfg.pod_labels_allowlist)))  # validated
     monitor = CycleMonitor(pipeline, ready_without_nvml=cfg.ready_without_nvml,

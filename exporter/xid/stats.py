@@ -28,6 +28,7 @@ class XidStats:
     last_xid: Mapping[tuple[str, int | None], int] = field(default_factory=lambda: EMPTY)  # the Xid of last_xid_time
     # (uuid, minor, xid) -> the MIG GPU instance the last such Xid named (None: the whole card, or not said)
     gpu_instances: Mapping[tuple[str, int | None, int], int | None] = field(default_factory=lambda: EMPTY)
+    last_seen: Mapping[XidCountKey, float] = field(default_factory=lambda: EMPTY)  # each count's latest Xid
     records_read: int = 0
     history_skipped: int = 0  # records present at start and not replayed
     skips: Mapping[str, int] = field(default_factory=lambda: EMPTY)  # by reason
@@ -56,6 +57,7 @@ class XidCounters:
         self._last_time: dict[tuple[str, int | None], float] = {}
         self._last_xid: dict[tuple[str, int | None], int] = {}
         self._instances: dict[tuple[str, int | None, int], int | None] = {}
+        self._last_seen: dict[XidCountKey, float] = {}
         self._skips: Counter[str] = Counter()
         self._records = 0
         self._history_skipped = 0
@@ -85,6 +87,7 @@ class XidCounters:
         self._instances[key[:3]] = gpu_instance
         self._last_time[(key[0], key[1])] = observed
         self._last_xid[(key[0], key[1])] = key[2]
+        self._last_seen[key] = observed
 
     def snapshot(
         self,
@@ -101,6 +104,7 @@ class XidCounters:
             last_xid_time=MappingProxyType(dict(self._last_time)),
             last_xid=MappingProxyType(dict(self._last_xid)),
             gpu_instances=MappingProxyType(dict(self._instances)),
+            last_seen=MappingProxyType(dict(self._last_seen)),
             records_read=self._records,
             history_skipped=self._history_skipped,
             skips=MappingProxyType(dict(self._skips)),
@@ -126,11 +130,17 @@ def last_xids(stats: XidStats) -> dict[str, tuple[float, int]]:
 
 
 def xid_summary(stats: XidStats) -> XidSummary:
-    """What a sampling cycle reads of ``stats``: counts by GPU and Xid (summed over pods), each GPU's latest."""
+    """What a sampling cycle reads of ``stats``: counts by GPU and Xid (summed over pods), each GPU's latest,
+    and the counts by GPU, Xid and pod with the latest time of each (the status page's culprits)."""
     counts: dict[tuple[str, int], int] = {}
-    for (uuid, _minor, xid, _ns, _pod, _ctr), n in stats.xid_counts.items():
+    by_pod: dict[tuple[str, int, str, str, str], tuple[int, float]] = {}
+    for key, n in stats.xid_counts.items():
+        uuid, _minor, xid, ns, pod, ctr = key
         counts[(uuid, xid)] = counts.get((uuid, xid), 0) + n
-    return XidSummary(MappingProxyType(counts), MappingProxyType(last_xids(stats)))
+        seen = stats.last_seen.get(key, 0.0)
+        before = by_pod.get((uuid, xid, ns, pod, ctr), (0, 0.0))
+        by_pod[(uuid, xid, ns, pod, ctr)] = (before[0] + n, max(before[1], seen))  # summed over minor numbers
+    return XidSummary(MappingProxyType(counts), MappingProxyType(last_xids(stats)), MappingProxyType(by_pod))
 
 
 def xid_metric_families(

@@ -54,7 +54,7 @@ _DEVICE_KEYS = frozenset(_DEVICE_INTS) | HEALTH_KEYS | {
 # the keys of a MIG device, as exporter/node/simulate.py reads them
 _MIG_KEYS = frozenset({"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
                        "memory_used_bytes", "memory_reserved_bytes", "processes"})
-_PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type"})
+_PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type", "comm"})  # comm: /proc only
 _NVML_KEYS = frozenset({"init_failures", "init_delay_ms", "old_driver", "driver_version", "clock", "timestamps",
                         "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
 _TOP_KEYS = frozenset({"node", "node_labels", "node_capacity", "devices", "pods", "pod_resources", "nvml",

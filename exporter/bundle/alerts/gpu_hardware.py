@@ -13,10 +13,10 @@ from exporter.bundle.alerts.alert import Alert, Labels, by
 from exporter.bundle.alerts.options import AlertOptions
 from exporter.bundle.common import duration_seconds
 
-# The clock event reasons (nvidia_gpu_clocks_event_reason{reason}) each slowdown alert watches.
-THERMAL_REASONS = ("sw_thermal_slowdown", "hw_thermal_slowdown")
-HARDWARE_REASONS = ("hw_slowdown", "hw_power_brake_slowdown")
-POWER_CAP_REASONS = ("sw_power_cap",)
+# The clock event reasons (nvidia_gpu_clocks_event_reason{reason}) each slowdown alert watches: the status
+# page's problems judge the same ones.
+from exporter.exposition.thresholds import HARDWARE_REASONS, POWER_CAP_REASONS, THERMAL_REASONS
+
 NVLINK_WINDOW = "5m"  # the NVLink and PCIe rates' window
 
 

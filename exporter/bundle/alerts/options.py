@@ -21,6 +21,7 @@ from exporter.bundle.common import (
 )
 from exporter.bundle.option_table import Option, check_options, option_args, options_dataclass
 from exporter.bundle.rules import RuleOptionsError
+from exporter.exposition import thresholds as judge
 from exporter.exposition.label_names import label_name_error
 from exporter.xid.parse import CATALOG as XID_CATALOG
 
@@ -29,8 +30,10 @@ DEFAULT_RUNBOOK_URL = "https://github.com/kube-gpu-exporter/kube-gpu-exporter/bl
 # From the Xid catalog (exporter/xid/parse.py, docs/xid.md). Critical: severity "gpu" or "node", whose
 # action is a GPU reset, an ECC or NVLink workflow or a node reboot. Application: "restart the
 # application", the pod is at fault, not the GPU. "info" codes (43, 45, 63, 92, 154) need no action.
-CRITICAL_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.severity in ("gpu", "node"))
-APPLICATION_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.severity == "application")
+# The severities are exporter/exposition/thresholds.py's: the status page's problems judge Xids alike.
+CRITICAL_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items() if i.severity in judge.CRITICAL_XID_SEVERITIES)
+APPLICATION_XIDS: tuple[int, ...] = tuple(c for c, i in XID_CATALOG.items()
+                                          if i.severity in judge.APPLICATION_XID_SEVERITIES)
 
 _SELECTOR_RE = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"\s*$')
 
@@ -66,6 +69,7 @@ _DURATION = {"check": is_positive_duration, "why": "is not a positive Prometheus
 _LIMIT = {"check": _above_zero, "why": "must be above 0"}
 _FOR = "`for:`"
 
+# Defaults shared with the status page's problems come from exporter/exposition/thresholds.py.
 # Order: the flags' in --help and in a rendering's header (reordering changes the committed files).
 ALERT_OPTIONS: tuple[Option, ...] = (
     Option("instance_label", "instance", "scrape-target label kept on every alert, for inhibition (default "
@@ -85,8 +89,8 @@ ALERT_OPTIONS: tuple[Option, ...] = (
            why="must be an http(s) URL", free_text=True),
     Option("group_name", "kube-gpu-exporter-alerts", "the rule group's name", check=K8S_NAME_RE.match,
            why="must be a lowercase DNS-style name"),
-    Option("xid_window", "10m", "Xid alert window (default %(default)s)", "--xid-window", doc="how far back the "
-           "Xid alerts look, and how long they stay after the last Xid", **_DURATION,
+    Option("xid_window", judge.XID_WINDOW, "Xid alert window (default %(default)s)", "--xid-window",
+           doc="how far back the Xid alerts look, and how long they stay after the last Xid", **_DURATION,
            alerts=("KubeGpuXidCritical", "KubeGpuXidApplication")),
     Option("critical_xids", CRITICAL_XIDS, "node/GPU-level Xids, critical (default %(default)s)", "--critical-xids",
            doc="Xids for KubeGpuXidCritical: the catalog's `gpu` and `node` codes", convert=_parse_xids,
@@ -94,18 +98,22 @@ ALERT_OPTIONS: tuple[Option, ...] = (
     Option("application_xids", APPLICATION_XIDS, "application Xids, warning with the pod (default %(default)s)",
            "--application-xids", doc="Xids for KubeGpuXidApplication: the catalog's `application` codes",
            convert=_parse_xids, alerts=("KubeGpuXidApplication",)),
-    Option("temperature_celsius", 85.0, "GPU temperature threshold (default %(default)s)", "--temperature-celsius",
+    Option("temperature_celsius", judge.TEMPERATURE_CELSIUS, "GPU temperature threshold (default %(default)s)",
+           "--temperature-celsius",
            doc="KubeGpuTemperatureHigh threshold", argtype=float, alerts=("KubeGpuTemperatureHigh",)),
     Option("temperature_for", "10m", f"KubeGpuTemperatureHigh {_FOR}", **_DURATION, alerts=("KubeGpuTemperatureHigh",)),
-    Option("snapshot_stale_seconds", 60.0, "the snapshot age KubeGpuExporterSnapshotStale fires above", **_LIMIT,
+    Option("snapshot_stale_seconds", judge.SNAPSHOT_STALE_SECONDS,
+           "the snapshot age KubeGpuExporterSnapshotStale fires above", **_LIMIT,
            alerts=("KubeGpuExporterSnapshotStale",)),
     Option("idle_for", "2h", "how long an allocation may sit idle (default %(default)s)", "--idle-for",
            doc=f"KubeGpuAllocatedIdle {_FOR}", **_DURATION, alerts=("KubeGpuAllocatedIdle",)),
-    Option("idle_percent", 1.0, "the duty cycle (%) under which KubeGpuAllocatedIdle calls an allocation idle",
+    Option("idle_percent", judge.IDLE_PERCENT,
+           "the duty cycle (%) under which KubeGpuAllocatedIdle calls an allocation idle",
            **_LIMIT, alerts=("KubeGpuAllocatedIdle",)),
     # Hardware health (gpu_hardware.py; docs/alerts.md has NVIDIA's source for each default).
     # DCGM's health check fails a board at 60 retired pages (newer releases: 63).
-    Option("retired_pages_limit", 60, "retired pages at which a GPU is to be replaced (default %(default)s)",
+    Option("retired_pages_limit", judge.RETIRED_PAGES_LIMIT,
+           "retired pages at which a GPU is to be replaced (default %(default)s)",
            "--retired-pages-limit", doc="KubeGpuRetiredPagesLimit: retired pages (both causes) at which a GPU is "
            "to be replaced", argtype=int, **_LIMIT, alerts=("KubeGpuRetiredPagesLimit",)),
     # DCGM: "8 replays per minute is the maximum recommended".
