@@ -216,8 +216,9 @@ def test_every_kind_has_its_fields() -> None:
     problems = _every_kind()
     assert {p["kind"] for p in problems} == set(KINDS)
     for p in problems:
-        assert set(p) == {"severity", "kind", "uuid", "minor", "namespace", "pod", "container", "text", "action",
-                          "alert"}
+        assert set(p) == {"severity", "kind", "uuid", "minor", "namespace", "pod", "container", "xid", "text",
+                          "action", "alert"}
+        assert (p["xid"] is not None) == (p["kind"] in ("xid", "gpu_fallen_off_bus"))
         assert p["text"] and p["action"] and "\n" not in p["text"] + p["action"]
     json.dumps(problems, allow_nan=False)
 

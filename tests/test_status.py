@@ -237,7 +237,10 @@ def test_page_tells_the_health_an_operator_acts_on() -> None:
 
     view = view_of(ROOT / "tests" / "scenarios" / "health_node.yaml")
     scenario = yaml.safe_load((ROOT / "tests" / "scenarios" / "health_node.yaml").read_text())
-    health = {g["minor"]: _gpu_row({**g, "allocate_mode": "exclusive"})[-1] for g in view["gpus"]}
+    column = GPU_HEADERS.index("Health")
+    assert GPU_HEADERS[:2] == ("State", "Health")  # what an operator acts on stays on screen at 800 px
+    health = {g["minor"]: _gpu_row({**g, "allocate_mode": "exclusive"})[column].removeprefix('<div class="health">')
+              .removesuffix("</div>") for g in view["gpus"]}
     assert "row remap failed: replace the GPU" in health[6] and "pending" not in health[6]
     assert "row remap pending: reset the GPU" in health[7]
     assert health[2] == "clocks held: sw_power_cap, sw_thermal_slowdown"  # 0x24
@@ -247,3 +250,7 @@ def test_page_tells_the_health_an_operator_acts_on() -> None:
     assert energy == f"{card0['energy_millijoules'] / 1000 / 3.6e6:.2f}&nbsp;kWh"
     page = render_html(view).decode()
     assert "<th>Health</th>" in page and page.count("row remap failed") == 1
+    # the banner leads with the failed remap (critical) and the GPU's section and row are highlighted
+    assert page.index('id="problems" class="critical"') < page.index("<h2>Subsystems") < page.index('class="gpu')
+    assert page.index("failed to remap a memory row") < page.index("has memory rows remapped")
+    assert '<section class="gpu critical"><h2>GPU 6:' in page and '<tr class="critical"><td><span class="ok">up' in page

@@ -68,11 +68,11 @@ def when(ts: Any, now: float) -> str:
 
 
 def _problem(severity: str, kind: str, gpu: Mapping[str, Any] | None, text: str, action: str,
-             alert: str | None = None, who: Mapping[str, Any] | None = None) -> Problem:
+             alert: str | None = None, who: Mapping[str, Any] | None = None, xid: Any = None) -> Problem:
     gpu, who = gpu or {}, who or {}
     return {"severity": severity, "kind": kind, "uuid": gpu.get("uuid"), "minor": gpu.get("minor"),
             "namespace": who.get("namespace"), "pod": who.get("pod"), "container": who.get("container"),
-            "text": _text(text), "action": _text(action), "alert": alert}
+            "xid": xid, "text": _text(text), "action": _text(action), "alert": alert}
 
 
 def _name(gpu: Mapping[str, Any]) -> str:
@@ -163,9 +163,9 @@ def _xid_problem(gpu: Mapping[str, Any], x: Mapping[str, Any], who: Mapping[str,
     action = _text(x.get("action") or "Look the code up in docs/xid.md")
     if code == "79":
         return _problem("critical", "gpu_fallen_off_bus", gpu, f"{_name(gpu)} has fallen off the bus (Xid 79), "
-                        f"last {when(at, now)}", action, "KubeGpuXidCritical", who)
+                        f"last {when(at, now)}", action, "KubeGpuXidCritical", who, x.get("xid"))
     return _problem(severity, "xid", gpu, f"Xid {code}{meaning} on {_name(gpu)}{times}{by}, last {when(at, now)}",
-                    action, alert, who)
+                    action, alert, who, x.get("xid"))
 
 
 def _xids(gpu: Mapping[str, Any], now: float) -> Iterator[Problem]:
