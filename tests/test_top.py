@@ -20,7 +20,7 @@ from exporter.shell import cli
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import SUBCOMMANDS, load_config
 from exporter.top import command as top
-from exporter.top.rows import GPU_COLUMNS, FetchError, build_view, fetch_status, gpu_row, status_url
+from exporter.top.rows import GPU_COLUMNS, FetchError, build_view, fetch_status, gpu_row, problem_row, status_url
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED = ROOT / "examples" / "mixed-4gpu-node.yaml"
@@ -45,7 +45,8 @@ def mixed() -> dict:
 
 def test_rows_of_the_mixed_node(mixed: dict) -> None:
     view = build_view(mixed)
-    assert view.message == "" and view.header.startswith(f"node {mixed['node']} | ready | age 2.0s | NVML up")
+    assert view.message == "" and view.header.startswith(f"node {mixed['node']} | ready | 1 warning, 1 info | "
+                                                         "age 2.0s | NVML up")
     assert [r[0] for r in view.gpus] == ["0", "1", "2", "3"]
     assert [r[3] for r in view.gpus] == ["exclusive", "exclusive", "share", "exclusive"]
     gpu = mixed["gpus"][2]
@@ -56,7 +57,8 @@ def test_rows_of_the_mixed_node(mixed: dict) -> None:
     assert infer[:2] == ("2", "serving") and infer[4:] == ("share", "hami", "30", "22", "19.5", "18.0")
     assert trainer[4:7] == ("exclusive", "nvidia", "100") and trainer[8] == "80.0"
     assert rows["nightly-eval-29012345-k7m2p"][0] == "3"
-    assert view.unaccounted == [("2", "2003", "5", "2.0", "-", "-", "-")]  # ollama on the host
+    assert view.unaccounted == [("2", "2003", "ollama", "5", "2.0", "-", "-", "-")]  # ollama on the host
+    assert [r[:2] for r in view.problems] == [("warning", "2"), ("info", "3")]  # ollama; nightly-eval idle
     assert view.xids == []
 
 
@@ -108,7 +110,28 @@ def test_rows_of_odd_trees(mixed: dict) -> None:
     assert "not a kube-gpu-exporter status" in build_view({"hello": 1}).message
     xids = build_view({**mixed, "gpus": [{**mixed["gpus"][0], "xids": [{"xid": 79, "count": 2, "severity": "node",
                                                                           "meaning": "fell off\nthe bus"}]}]}).xids
-    assert xids == [("0", "79", "2", "node", "fell off the bus")]
+    assert xids == [("0", "79", "2", "-", "-", "node", "fell off the bus")]
+
+
+def test_problems_come_first_the_same_as_the_page(tmp_path: Path) -> None:
+    """The served list as is; an older exporter's tree without one is judged by the same code."""
+    from exporter.exposition.problems import find_problems
+
+    status = status_of(ROOT / "examples" / "trouble-node.yaml")
+    view = build_view(status)
+    assert [r[0] for r in view.problems][:3] == ["critical"] * 3 and view.problems[-1][0] == "info"
+    assert view.problems == [problem_row(p) for p in status["problems"]]
+    assert view.problems[0][:2] == ("critical", "0") and "is lost" in view.problems[0][2]
+    assert "| 3 critical, 6 warning, 2 info |" in view.header  # without its kernel log: no Xids
+    older = {k: v for k, v in status.items() if k != "problems"}
+    assert build_view(older).problems == view.problems
+    assert find_problems(older, status["built_at"] + status["snapshot_age_seconds"]) == status["problems"]
+    healthy = build_view(status_of(ROOT / "examples" / "dra-sharing-node.yaml"))
+    assert healthy.problems == [] and "| nothing wrong |" in healthy.header
+    culprit = {"namespace": "ml", "pod": "t-0", "container": "main", "count": 1, "last_at": 0}
+    xid = {"xid": 31, "count": 1, "last_at": 0, "pods": [culprit], "severity": "application", "meaning": "m"}
+    row = build_view({**status, "gpus": [{**status["gpus"][1], "xids": [xid]}]}).xids[0]
+    assert row == ("1", "31", "1", "1970-01-01T00:00:00Z", "ml/t-0", "application", "m")
 
 
 def test_status_url() -> None:
@@ -177,6 +200,8 @@ def _text(app, widget_id: str) -> str:
 @pytest.mark.e2e
 def test_app_shows_the_node_and_survives_errors(server: Server, mixed: dict) -> None:
     pytest.importorskip("textual")
+    from textual.widgets import DataTable
+
     from exporter.top.app import TopApp
 
     server.body = json.dumps(mixed).encode()
@@ -191,7 +216,11 @@ def test_app_shows_the_node_and_survives_errors(server: Server, mixed: dict) -> 
             infer = next(r for r in _cells(app, "containers") if r[2] == "infer-a-7c6b5d4f3-qwert")
             assert infer[4:8] == ["share", "hami", "30", "22"]
             assert [r[0] for r in _cells(app, "gpus")] == ["0", "1", "2", "3"]
-            assert _cells(app, "unaccounted")[0][1] == "2003"
+            assert _cells(app, "unaccounted")[0][1:3] == ["2003", "ollama"]
+            problems = app.query_one("#problems", DataTable)
+            assert [str(c) for c in problems.get_row_at(0)][:2] == ["WARNING", "2"]
+            assert problems.get_row_at(0)[0].style == "bold yellow"  # coloured by severity
+            assert app.query("DataTable")[0].id == "problems"  # the first table
             assert mixed["node"] in _text(app, "header") and _text(app, "message") == ""
 
             server.body = b"not json"

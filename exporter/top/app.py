@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Static
@@ -25,6 +26,7 @@ from exporter.top.prom import (
 from exporter.top.rows import (
     CONTAINER_COLUMNS,
     GPU_COLUMNS,
+    PROBLEM_COLUMNS,
     UNACCOUNTED_COLUMNS,
     XID_COLUMNS,
     FetchError,
@@ -34,6 +36,14 @@ from exporter.top.rows import (
     fetch_status,
     status_url,
 )
+
+SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def coloured(row: Row) -> tuple[Text, ...]:
+    """A problem row in its severity's colour (the severity cell bold, upper case)."""
+    style = SEVERITY_STYLE.get(row[0], "")
+    return (Text(row[0].upper(), style=f"bold {style}"), *(Text(c, style=style) for c in row[1:]))
 
 
 class TopApp(App[None]):
@@ -48,6 +58,7 @@ class TopApp(App[None]):
     """
     BINDINGS = [Binding("q", "quit", "Quit"), Binding("r", "refresh_now", "Refresh")]
     TABLES: dict[str, tuple[str, Row]] = {
+        "problems": ("Problems (worst first)", PROBLEM_COLUMNS),
         "gpus": ("GPUs", GPU_COLUMNS),
         "containers": ("Containers", CONTAINER_COLUMNS),
         "unaccounted": ("Unaccounted processes", UNACCOUNTED_COLUMNS),
@@ -114,7 +125,8 @@ class TopApp(App[None]):
         for key in self.TABLES:
             table = self.query_one(f"#{key}", DataTable)
             table.clear()
-            table.add_rows(getattr(view, key))
+            rows = getattr(view, key)
+            table.add_rows([coloured(r) for r in rows] if key == "problems" else rows)
 
 
 class ClusterApp(TopApp):

@@ -15,6 +15,7 @@ from typing import Any
 
 from exporter.exposition.device_fields import COLUMNS
 from exporter.exposition.health_notes import health_notes
+from exporter.exposition.problems import counts, find_problems, iso_time
 
 GIB = 1024**3
 MAX_BODY = 16 * 1024 * 1024  # a status tree is kilobytes; refuse anything absurd
@@ -25,8 +26,9 @@ GPU_COLUMNS: Row = ("GPU", "Model", "State", "Mode", "Util %", "Mem util %", "Me
                     "Energy kWh", *(f.column for f in COLUMNS), "Health")
 CONTAINER_COLUMNS: Row = ("GPU", "Namespace", "Pod", "Container", "Mode", "Scheme",
                           "Grant SM %", "Use SM %", "Grant mem GiB", "Use mem GiB")
-UNACCOUNTED_COLUMNS: Row = ("GPU", "PID", "SM %", "Memory GiB", "Namespace", "Pod", "Container")
-XID_COLUMNS: Row = ("GPU", "Xid", "Count", "Severity", "Meaning")
+UNACCOUNTED_COLUMNS: Row = ("GPU", "PID", "Command", "SM %", "Memory GiB", "Namespace", "Pod", "Container")
+PROBLEM_COLUMNS: Row = ("Severity", "GPU", "Problem", "Action")
+XID_COLUMNS: Row = ("GPU", "Xid", "Count", "Last", "Pods", "Severity", "Meaning")
 
 
 class FetchError(Exception):
@@ -39,6 +41,7 @@ class View:
 
     header: str
     message: str = ""
+    problems: list[Row] = field(default_factory=list)  # worst first; the first cell is the severity
     gpus: list[Row] = field(default_factory=list)
     containers: list[Row] = field(default_factory=list)
     unaccounted: list[Row] = field(default_factory=list)
@@ -152,18 +155,45 @@ def container_row(label: str, c: Mapping[str, Any]) -> Row:
 
 def unaccounted_row(label: str, p: Mapping[str, Any]) -> Row:
     """One process nobody accounts for (namespace/pod/container ``-`` for a host process)."""
-    return (label, _text(p.get("pid")), _num(p.get("sm_percent")), _gib(p.get("memory_bytes")),
+    return (label, _text(p.get("pid")), _text(p.get("comm")), _num(p.get("sm_percent")), _gib(p.get("memory_bytes")),
             _text(p.get("namespace")), _text(p.get("pod")), _text(p.get("container")))
 
 
 def xid_row(label: str, x: Mapping[str, Any]) -> Row:
-    """One Xid code on a GPU with its count and catalog meaning."""
-    return (label, _text(x.get("xid")), _text(x.get("count")), _text(x.get("severity")), _text(x.get("meaning")))
+    """One Xid code on a GPU with its count, its latest time (ISO 8601), the pods that raised it, its meaning."""
+    pods = [f"{_text(p.get('namespace'))}/{_text(p.get('pod'))}" for p in x.get("pods") or [] if isinstance(p, Mapping)]
+    last = iso_time(x["last_at"]) if x.get("last_at") is not None else "-"
+    return (label, _text(x.get("xid")), _text(x.get("count")), last, ", ".join(pods) or "-",
+            _text(x.get("severity")), _text(x.get("meaning")))
+
+
+def problems_of(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The served ``problems``; an exporter older than them gets them judged here, by the same code."""
+    served = status.get("problems")
+    if isinstance(served, list):
+        return [p for p in served if isinstance(p, Mapping)]
+    built, age = status.get("built_at"), status.get("snapshot_age_seconds")
+    now = sum(v for v in (built, age) if isinstance(v, int | float) and not isinstance(v, bool))
+    return find_problems(status, float(now))
+
+
+def problem_row(p: Mapping[str, Any]) -> Row:
+    """One problem: its severity (the app colours the row by it), the GPU, what is wrong and what to do."""
+    gpu = "-" if p.get("minor") is None else _text(p.get("minor"))
+    return (_text(p.get("severity")), gpu, _text(p.get("text")), _text(p.get("action")))
+
+
+def problems_line(problems: list[Mapping[str, Any]]) -> str:
+    """``5 critical, 7 warning, 2 info`` or ``nothing wrong``."""
+    n = counts(problems)
+    return ", ".join(f"{v} {k}" for k, v in n.items() if v) or "nothing wrong"
 
 
 def subsystem_line(status: Mapping[str, Any]) -> str:
     """node, readiness, snapshot age and each subsystem's state in one line."""
     parts = [f"node {_text(status.get('node'))}", "ready" if status.get("ready") else "NOT READY"]
+    if isinstance(status.get("subsystems"), Mapping):
+        parts.append(problems_line(problems_of(status)))
     if status.get("snapshot_age_seconds") is not None:
         parts.append(f"age {_num(status.get('snapshot_age_seconds'), 1)}s")
     sub = status.get("subsystems")
@@ -203,5 +233,7 @@ def build_view(status: Mapping[str, Any]) -> View:
         message = "the exporter has not published a snapshot yet"
     elif not devices:
         message = f"no GPUs on node {_text(status.get('node'))}"
-    return View(header=subsystem_line(status), message=message, gpus=[gpu_row(lb, d) for lb, d in devices],
+    problems = [problem_row(p) for p in problems_of(status)]
+    return View(header=subsystem_line(status), message=message, problems=problems,
+                gpus=[gpu_row(lb, d) for lb, d in devices],
                 containers=containers, unaccounted=unaccounted, xids=xids)
