@@ -262,7 +262,7 @@ def test_without_textual_top_says_how_to_install(monkeypatch: pytest.MonkeyPatch
         monkeypatch.delitem(sys.modules, name)
     assert cli.main(["top", "--url", "http://127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
-    assert err == "kube-gpu-exporter top: needs textual: pip install 'kube-gpu-exporter[top]'\n"
+    assert err == top.INSTALL_HINT + "\n" and "pip install '.[top]' from a checkout" in err
 
 
 def test_top_is_a_subcommand_with_its_own_help(capsys: pytest.CaptureFixture[str]) -> None:

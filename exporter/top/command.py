@@ -1,6 +1,6 @@
 """``kube-gpu-exporter top``: a refreshing terminal view of one exporter's ``/status.json``.
 
-Textual is an optional extra (``pip install 'kube-gpu-exporter[top]'``): it is imported only here, when
+Textual is an optional extra (``pip install '.[top]'`` from a checkout): it is imported only here, when
 the subcommand runs, so the daemon never loads it. The app lives in top_app.py, the rows in top_rows.py.
 """
 
@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-INSTALL_HINT = "kube-gpu-exporter top: needs textual: pip install 'kube-gpu-exporter[top]'"
+# The package is not on PyPI: from a checkout the extra is '.[top]' (or textual itself, next to an installed wheel)
+INSTALL_HINT = "kube-gpu-exporter top: needs textual: pip install '.[top]' from a checkout (or pip install textual)"
 
 
 def _positive(text: str) -> float:
