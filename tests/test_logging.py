@@ -28,7 +28,7 @@ from exporter.server.app import make_app
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from exporter.shell.logging_setup import JsonFormatter, StateLog
-from exporter.shell.sources import PodResourcesSource
+from exporter.shell.sources import PodResourcesSource, XidSource, pod_resources_state
 from exporter.shell.status import CycleMonitor, XidLog
 from exporter.xid.stats import XidStats
 from tests.http_support import AppClient
@@ -256,13 +256,26 @@ def test_pod_resources_trouble_once_and_recovery_once(caplog: pytest.LogCaptureF
     for _ in range(4):
         assert source() is None
     assert len(records(caplog, logging.WARNING, "kubelet pod-resources unavailable")) == 1
-    assert source.state.startswith("unavailable")
+    assert source.state.startswith("unavailable") and pod_resources_state(source) == (source.state, False)
     Path(server.socket_path).unlink()
     with server:
         for _ in range(3):
             assert source() == ()
     assert len(records(caplog, logging.INFO, "kubelet pod-resources available again")) == 1
-    assert source.state == "ok"
+    assert source.state == "ok" and pod_resources_state(source) == ("ok", True)
+
+
+def test_source_states_for_the_status_page(tmp_path: Path) -> None:
+    """ok: in use and answering; False: configured and failing (a problem); None: not in use (no problem)."""
+    assert pod_resources_state(PodResourcesSource("")) == ("disabled (--pod-resources-socket '')", None)
+    missing = PodResourcesSource(str(tmp_path / "none.sock"))
+    assert missing() is None and pod_resources_state(missing)[1] is None  # the chart mounts it only when asked
+    assert pod_resources_state(lambda: ()) == ("simulated (the scenario's answers)", None)
+    for text, ok in (("reading /dev/kmsg", True), ("cannot read /dev/kmsg: Xid watcher disabled", False),
+                     ("cannot read /dev/kmsg: Xids from NVML events only", False), ("off (--no-xid)", None),
+                     ("none (--kmsg-path none): Xids from NVML events only, without pods", None), ("none", None),
+                     ("not started", None)):
+        assert XidSource(kernel_log=text).state() == (text, ok), text
 
 
 def test_events_failing_and_back_once(caplog: pytest.LogCaptureFixture) -> None:

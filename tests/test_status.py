@@ -78,6 +78,9 @@ def test_mixed_node_subsystems() -> None:
     assert sub["nvml"]["up"] is True and sub["nvml"]["errors"] == []
     assert sub["pod_cache"]["synced"] is True and sub["pod_cache"]["age_seconds"] >= 0
     assert sub["sampler"] == {**sub["sampler"], "samples_total": 1, "sample_failures_total": 0}
+    # a simulated node: the scenario's pod-resources and no kernel log, neither in use (no problem)
+    assert sub["pod_resources"] == {"state": "simulated (the scenario's answers)", "ok": None}
+    assert sub["kernel_log"] == {"state": "none", "ok": None} and not any(sub["output_failures"].values())
     assert sub["skips"] == {}
 
 
