@@ -2,12 +2,18 @@
 # A small simulated GPU cluster on this machine: one simulated-node exporter per scenario, a real
 # Prometheus scraping them with the recording rules and the alerts loaded, and (where
 # prometheus-alertmanager is installed) an Alertmanager it sends its alerts to. Prints the URLs
-# and runs until Ctrl-C, then stops everything it started. Everything listens on 127.0.0.1.
+# (each one that answers on the installed Prometheus and Alertmanager: Debian's serve Prometheus's
+# classic UI only, and Alertmanager without a UI) and runs until Ctrl-C or SIGTERM, then stops
+# everything it started, in a terminal or in the background (`scripts/run-demo.sh &`, then
+# `kill -INT %1`). Everything listens on 127.0.0.1; a port already in use stops it before it starts.
+# A scenario with a kernel log beside it (examples/trouble-node.kmsg) is served with it, so that its
+# Xids, and the alerts on them, fire.
 # Usage: scripts/run-demo.sh
 # Environment (defaults in brackets):
-#   DEMO_SCENARIOS          scenario files, one exporter each
-#                           [examples/seed-cgpu-t4.yaml examples/mixed-4gpu-node.yaml examples/mig-a100-node.yaml]
-#   DEMO_EXPORTER_PORTS     one port per scenario [9401 9402 9403]
+#   DEMO_SCENARIOS          scenario files, one exporter each [examples/seed-cgpu-t4.yaml
+#                           examples/mixed-4gpu-node.yaml examples/mig-a100-node.yaml examples/trouble-node.yaml]
+#   DEMO_EXPORTER_PORTS     one port per scenario [9401 9402 9403 9404]
+#   DEMO_EXPORTER_FLAGS     flags for every exporter, e.g. --dcgm-compat [none]
 #   DEMO_PROMETHEUS_PORT    [9490]
 #   DEMO_ALERTMANAGER_PORT  [9493]
 #   DEMO_INTERVAL           scrape and rule evaluation interval [5s]
@@ -15,6 +21,15 @@
 #   DEMO_EXPORTER           an installed kube-gpu-exporter to use [.venv/bin/kube-gpu-exporter,
 #                           installed or refreshed the way scripts/run-simulated.sh does]
 set -euo pipefail
+# Started in the background of a non-interactive shell, bash inherits SIGINT ignored and cannot trap a
+# signal ignored at its entry: start again with SIGINT at its default, so that Ctrl-C and kill -INT stop it.
+if [ -z "${_RUN_DEMO_SIGINT:-}" ] && command -v python3 >/dev/null 2>&1; then
+  export _RUN_DEMO_SIGINT=1
+  exec python3 -c 'import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+os.execvp(sys.argv[1], sys.argv[1:])' bash "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 
 if ! command -v prometheus >/dev/null 2>&1; then
@@ -22,8 +37,9 @@ if ! command -v prometheus >/dev/null 2>&1; then
   exit 1
 fi
 
-read -r -a scenarios <<<"${DEMO_SCENARIOS:-examples/seed-cgpu-t4.yaml examples/mixed-4gpu-node.yaml examples/mig-a100-node.yaml}"
-read -r -a ports <<<"${DEMO_EXPORTER_PORTS:-9401 9402 9403}"
+read -r -a scenarios <<<"${DEMO_SCENARIOS:-examples/seed-cgpu-t4.yaml examples/mixed-4gpu-node.yaml examples/mig-a100-node.yaml examples/trouble-node.yaml}"
+read -r -a ports <<<"${DEMO_EXPORTER_PORTS:-9401 9402 9403 9404}"
+read -r -a exporter_flags <<<"${DEMO_EXPORTER_FLAGS:-}"
 prom_port=${DEMO_PROMETHEUS_PORT:-9490}
 am_port=${DEMO_ALERTMANAGER_PORT:-9493}
 interval=${DEMO_INTERVAL:-5s}
@@ -31,6 +47,22 @@ if [ "${#ports[@]}" -lt "${#scenarios[@]}" ]; then
   echo "run-demo: DEMO_EXPORTER_PORTS needs one port per scenario (${#scenarios[@]})" >&2
   exit 1
 fi
+
+# in_use PORT: something listens on 127.0.0.1:PORT (bash's /dev/tcp: no tool needed)
+in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for i in "${!scenarios[@]}"; do
+  if in_use "${ports[$i]}"; then
+    echo "run-demo: port ${ports[$i]} (exporter ${scenarios[$i]}) is already in use; set DEMO_EXPORTER_PORTS" >&2
+    exit 1
+  fi
+done
+for pair in "$prom_port:Prometheus:DEMO_PROMETHEUS_PORT" "$am_port:Alertmanager:DEMO_ALERTMANAGER_PORT"; do
+  IFS=: read -r port what var <<<"$pair"
+  if in_use "$port"; then
+    echo "run-demo: port $port ($what) is already in use; set $var" >&2
+    exit 1
+  fi
+done
 
 exporter=${DEMO_EXPORTER:-}
 if [ -z "$exporter" ]; then
@@ -102,7 +134,12 @@ for i in "${!scenarios[@]}"; do
   addr=127.0.0.1:${ports[$i]}
   log=$work/exporter-$i.log
   # Each scenario names its own node (its `node:` key); --node-name would override it.
-  start "exporter ${scenarios[$i]}" "$log" "$exporter" --simulate "${scenarios[$i]}" --listen "$addr"
+  kmsg=()
+  if [ -f "${scenarios[$i]%.yaml}.kmsg" ]; then
+    kmsg=(--kmsg-path "${scenarios[$i]%.yaml}.kmsg" --kmsg-replay)  # its Xids, read once at start
+  fi
+  start "exporter ${scenarios[$i]}" "$log" "$exporter" --simulate "${scenarios[$i]}" --listen "$addr" \
+    ${kmsg[@]+"${kmsg[@]}"} ${exporter_flags[@]+"${exporter_flags[@]}"}
   wait_ready "exporter ${scenarios[$i]}" "http://$addr/readyz" "$log"
   targets+=("$addr")
 done
@@ -157,12 +194,25 @@ start prometheus "$work/prometheus.log" prometheus --config.file="$work/promethe
 wait_ready prometheus "http://127.0.0.1:$prom_port/-/ready" "$work/prometheus.log"
 
 prom=http://127.0.0.1:$prom_port
+# Debian's Prometheus has only the classic UI (/classic/...; /targets answers 404); with no UI at all, the API.
+answers() { curl -fsS -o /dev/null --max-time 2 "$1" 2>/dev/null; }
+if answers "$prom/targets"; then
+  ui=$prom
+elif answers "$prom/classic/targets"; then
+  ui=$prom/classic
+else
+  ui=""
+fi
 graph() { # graph EXPR: a Prometheus graph link for EXPR (its characters are URL-safe but for spaces and parentheses)
   local e=$1
   e=${e// /%20}
   e=${e//(/%28}
   e=${e//)/%29}
-  echo "$prom/graph?g0.expr=$e&g0.tab=0&g0.range_input=15m"
+  if [ -n "$ui" ]; then
+    echo "$ui/graph?g0.expr=$e&g0.tab=0&g0.range_input=15m"
+  else
+    echo "$prom/api/v1/query?query=$e"
+  fi
 }
 
 echo
@@ -170,12 +220,25 @@ echo "kube-gpu-exporter demo: ${#targets[@]} simulated nodes, Prometheus (rules 
 for i in "${!targets[@]}"; do
   echo "  exporter ${scenarios[$i]}: http://${targets[$i]}/metrics  (status page: http://${targets[$i]}/)"
 done
-echo "  Prometheus:             $prom  (targets: $prom/targets, rules: $prom/rules, alerts: $prom/alerts)"
+if [ -n "$ui" ]; then
+  echo "  Prometheus:             $ui/graph  (targets: $ui/targets, rules: $ui/rules, alerts: $ui/alerts)"
+else
+  echo "  Prometheus (API only):  $prom/api/v1/targets  (rules: $prom/api/v1/rules, alerts: $prom/api/v1/alerts)"
+fi
 echo "  cluster GPU usage:      $(graph k8s_cluster_gpu_used)"
 echo "  GPU usage per node:     $(graph k8s_node_gpu_used)"
 echo "  GPU usage per pod:      $(graph k8s_pod_gpu_used)"
 if [ -n "$am" ]; then
-  echo "  Alertmanager:           http://127.0.0.1:$am_port"
+  amurl=http://127.0.0.1:$am_port
+  # Debian's package has no web UI: its / says so; the API and amtool answer either way.
+  if curl -fsS --max-time 2 "$amurl/" 2>/dev/null | grep -q "does not include a web"; then
+    echo "  Alertmanager (API only): $amurl/api/v2/alerts"
+    if command -v amtool >/dev/null 2>&1; then
+      echo "                          amtool --alertmanager.url=$amurl alert query"
+    fi
+  else
+    echo "  Alertmanager:           $amurl  (API: $amurl/api/v2/alerts)"
+  fi
 else
   echo "  (no Alertmanager: prometheus-alertmanager is not installed)"
 fi

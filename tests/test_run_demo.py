@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +60,14 @@ def session_processes(sid: int) -> list[str]:
     return found
 
 
+def exporter_command(tmp: Path) -> str:
+    """The exporter of this tree, run by the suite's Python, rather than a reinstall into .venv."""
+    script = tmp / "kube-gpu-exporter"
+    script.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m exporter "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
 def _api(base: str, path: str) -> dict:
     try:
         return json.loads(http_get(base + path))["data"]
@@ -78,10 +88,7 @@ def test_demo_records_the_truth_and_stops_everything(tmp_path: Path, sig: signal
         DEMO_INTERVAL="2s",
         DEMO_DIR=str(tmp_path / "demo"),
     )
-    # The suite's own install of the exporter (scripts/test.sh's editable one) rather than a reinstall into .venv.
-    installed = Path(sys.executable).parent / "kube-gpu-exporter"
-    if installed.exists():
-        env["DEMO_EXPORTER"] = str(installed)
+    env["DEMO_EXPORTER"] = exporter_command(tmp_path)
     log = tmp_path / "run-demo.out"
     # Through a trampoline that sets SIGINT back to its default: a suite started in the background of
     # a non-interactive shell (`cmd &`) inherits SIGINT ignored, and bash cannot trap a signal ignored
@@ -100,7 +107,8 @@ def test_demo_records_the_truth_and_stops_everything(tmp_path: Path, sig: signal
         out = log.read_text()
         for port in ports[:3]:
             assert f"http://127.0.0.1:{port}/metrics" in out
-        assert f"{prom}/graph?g0.expr=k8s_cluster_gpu_used" in out
+        # the graph in the UI this Prometheus serves (Debian's: the classic one only)
+        assert re.search(re.escape(prom) + r"(/classic)?/graph\?g0\.expr=k8s_cluster_gpu_used", out), out
 
         def recorded() -> bool:
             try:
@@ -172,3 +180,78 @@ def test_demo_without_prometheus_says_how_to_install_it(tmp_path: Path) -> None:
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "prometheus is not installed" in lines[0], result.stderr
     assert "scripts/test.sh" in lines[0] and "apt-get install prometheus" in lines[0]
+
+
+TROUBLE_ALERTS = {"KubeGpuLost", "KubeGpuXidCritical", "KubeGpuXidApplication", "KubeGpuRowRemapFailure",
+                  "KubeGpuRowRemapPending", "KubeGpuContainerOverMemoryGrant", "KubeGpuUnaccountedProcesses",
+                  "KubeGpuTemperatureHigh", "KubeGpuAllocatedIdle"}
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell's `cmd &` starts it
+
+
+@needs_prometheus
+def test_demo_in_the_background_fires_the_trouble_alerts_prints_urls_that_answer_and_stops_on_sigint(
+        tmp_path: Path) -> None:
+    """The defaults (the trouble node among the nodes), started with SIGINT ignored, flags for every exporter."""
+    ports = [free_port() for _ in range(6)]
+    env = {**os.environ, "DEMO_EXPORTER_PORTS": " ".join(map(str, ports[:4])), "DEMO_PROMETHEUS_PORT": str(ports[4]),
+           "DEMO_ALERTMANAGER_PORT": str(ports[5]), "DEMO_INTERVAL": "1s", "DEMO_DIR": str(tmp_path / "demo"),
+           "DEMO_EXPORTER": exporter_command(tmp_path), "DEMO_EXPORTER_FLAGS": "--dcgm-compat"}
+    env.pop("_RUN_DEMO_SIGINT", None)
+    log = tmp_path / "run-demo.out"
+    proc = subprocess.Popen([BASH, str(SCRIPT)], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=_ignore_sigint)
+    prom = f"http://127.0.0.1:{ports[4]}"
+    try:
+        banner = poll(lambda: proc.poll() is not None or "Ctrl-C stops everything" in log.read_text(), 60, 0.2)
+        assert proc.poll() is None and banner, log.read_text()
+        out = log.read_text()
+        assert "examples/trouble-node.yaml" in out and sum("--simulate" in c for c in session_processes(proc.pid)) == 4
+        urls = {u.rstrip("),") for u in re.findall(r"http://127\.0\.0\.1:\d+\S*", out)}
+        assert len(urls) >= 10, out
+        for url in sorted(urls):  # the classic UI or the API, whichever this Prometheus serves
+            http_get(url)  # raises on 404
+        if Path(ALERTMANAGER).exists():
+            assert f"127.0.0.1:{ports[5]}/api/v2/alerts" in out
+        assert b"DCGM_FI_DEV_GPU_UTIL" in http_get(f"http://127.0.0.1:{ports[3]}/metrics")  # DEMO_EXPORTER_FLAGS
+
+        def alerting() -> set[str]:
+            try:
+                return {dict(k)["alertname"] for k in query(prom, "ALERTS")}
+            except OSError:
+                return set()
+
+        assert poll(lambda: alerting() >= TROUBLE_ALERTS, 60), sorted(alerting())
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, log.read_text()
+        assert poll(lambda: not session_processes(proc.pid), 15, 0.2), session_processes(proc.pid)
+    finally:
+        if proc.poll() is None or session_processes(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@needs_prometheus
+def test_demo_refuses_a_port_in_use_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = [free_port() for _ in range(5)]
+        env = {**os.environ, "DEMO_EXPORTER_PORTS": f"{ports[0]} {port} {ports[1]} {ports[2]}",
+               "DEMO_PROMETHEUS_PORT": str(ports[3]), "DEMO_ALERTMANAGER_PORT": str(ports[4]),
+               "DEMO_EXPORTER": exporter_command(tmp_path), "DEMO_DIR": str(tmp_path / "demo")}
+        result = subprocess.run([BASH, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and result.stdout == ""
+        assert result.stderr.splitlines() == [
+            f"run-demo: port {port} (exporter examples/mixed-4gpu-node.yaml) is already in use; "
+            "set DEMO_EXPORTER_PORTS"]
+        env["DEMO_EXPORTER_PORTS"], env["DEMO_PROMETHEUS_PORT"] = " ".join(map(str, ports[:4])), str(port)
+        result = subprocess.run([BASH, str(SCRIPT)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.splitlines() == [
+            f"run-demo: port {port} (Prometheus) is already in use; set DEMO_PROMETHEUS_PORT"]
+    assert not (tmp_path / "demo").exists()  # refused before it started anything
