@@ -307,6 +307,13 @@ def test_prometheus_triggers_use_the_scalers_metadata() -> None:
     assert any(auth_modes(t, auth_params(so, t)) for so in sos for t in prometheus_triggers(so))
 
 
+def test_one_prometheus_across_the_keda_files() -> None:
+    """Every trigger reads the same Prometheus (host and port; the secured one over TLS, with credentials)."""
+    where = {urllib.parse.urlsplit(t["metadata"]["serverAddress"]).netloc for so in scaled_objects()
+             for t in prometheus_triggers(so)}
+    assert where == {"kube-prometheus-stack-prometheus.monitoring.svc:9090"}, where
+
+
 # Each ScaledObject's trigger is the query prometheus-adapter runs for this HPA metric.
 ADAPTER_METRIC = {"infer-gpu": "k8s_workload_gpu_used", "infer-gpu-share": "k8s_workload_rate_gpu_used_request"}
 

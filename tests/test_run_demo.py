@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -182,6 +183,31 @@ def test_demo_without_prometheus_says_how_to_install_it(tmp_path: Path) -> None:
     assert "scripts/test.sh" in lines[0] and "apt-get install prometheus" in lines[0]
 
 
+def examples_answer(prom: str) -> None:
+    """Each HPA's metric (the query prometheus-adapter runs for it) and each KEDA trigger's query, as written,
+    answer on the demo: one element, the value worked out in examples/trouble-node.yaml (serving/infer)."""
+    from tests.test_hpa_examples import adapter_query, external_metrics, hpas
+    from tests.test_keda_examples import prometheus_triggers, scaled_objects
+
+    want = {"k8s_workload_gpu_used": 21 + 30, "k8s_workload_rate_gpu_used_request": 100 * (21 + 30) / (30 + 40)}
+    queries = [(m["metric"]["name"], adapter_query(prom, m["metric"]["name"], hpa["metadata"]["namespace"],
+                                                   m["metric"]["selector"]))
+               for _, hpa in hpas() for m in external_metrics(hpa)]
+    keda_metric = {"infer-gpu": "k8s_workload_gpu_used", "infer-gpu-share": "k8s_workload_rate_gpu_used_request"}
+    queries += [(keda_metric[so["metadata"]["name"]], t["metadata"]["query"]) for so in scaled_objects()
+                for t in prometheus_triggers(so)]
+    assert len(queries) == 4
+
+    def answered() -> bool:
+        try:
+            return all(len(got := query(prom, q)) == 1 and math.isclose(next(iter(got.values())), want[metric])
+                       for metric, q in queries)
+        except OSError:
+            return False
+
+    assert poll(answered, 60), [(q, query(prom, q)) for _, q in queries]
+
+
 TROUBLE_ALERTS = {"KubeGpuLost", "KubeGpuXidCritical", "KubeGpuXidApplication", "KubeGpuRowRemapFailure",
                   "KubeGpuRowRemapPending", "KubeGpuContainerOverMemoryGrant", "KubeGpuUnaccountedProcesses",
                   "KubeGpuTemperatureHigh", "KubeGpuAllocatedIdle"}
@@ -224,6 +250,7 @@ def test_demo_in_the_background_fires_the_trouble_alerts_prints_urls_that_answer
                 return set()
 
         assert poll(lambda: alerting() >= TROUBLE_ALERTS, 60), sorted(alerting())
+        examples_answer(prom)
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 130, log.read_text()
         assert poll(lambda: not session_processes(proc.pid), 15, 0.2), session_processes(proc.pid)
