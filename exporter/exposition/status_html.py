@@ -2,8 +2,9 @@
 
 The problems come first (a banner: one green line when nothing is wrong), then the subsystems and one
 section per GPU, its rows with a problem highlighted. Self-contained (inline CSS, no scripts, no
-external assets), light and dark by ``prefers-color-scheme``, reloads itself every few seconds. Every value goes through
-:func:`html.escape`: pod names, namespaces and the rest come from the API and are hostile input.
+external assets), light and dark by ``prefers-color-scheme``, reloads itself every few seconds.
+Every value goes through :func:`html.escape`: pod names, namespaces and the rest come from the API
+and are hostile input.
 """
 
 from __future__ import annotations
