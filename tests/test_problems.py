@@ -247,3 +247,4 @@ def test_any_tree_gives_a_sorted_list_and_never_raises(v: dict[str, Any], now: f
     ranks = [SEVERITIES.index(p["severity"]) for p in problems]
     assert ranks == sorted(ranks)
     assert all(p["kind"] in KINDS and "\n" not in p["text"] for p in problems)
+    json.dumps(problems, allow_nan=False)  # served as is in /status.json

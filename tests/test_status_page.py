@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -164,7 +165,8 @@ def test_trouble_node_page_leads_with_its_problems(tmp_path: Path) -> None:
         assert "<code>ollama</code>" in text[first_gpu:]  # the unaccounted process's comm
         assert '<section class="gpu critical"><h2>GPU 0:' in text and '<tr class="warning">' in text
         assert "ml/trainer-7f9c8d6b5-x2k9p (main)" in text[first_gpu:]  # the Xid table names the pod
-        assert "T" in text[first_gpu:].split("Xid errors")[1].split("</td>")[2]  # an ISO 8601 time
+        xids = text[first_gpu:].split("<h3>Xid errors")[1]
+        assert re.search(r"<td>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(\d+ s ago\)</td>", xids), xids[:500]  # ISO 8601
         shots = {("trouble", w, d): shoot(tmp_path, url, "trouble", w, d) for w in (1400, 800) for d in (False, True)}
     keep(shots)
 

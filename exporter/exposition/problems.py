@@ -70,9 +70,19 @@ def when(ts: Any, now: float) -> str:
 def _problem(severity: str, kind: str, gpu: Mapping[str, Any] | None, text: str, action: str,
              alert: str | None = None, who: Mapping[str, Any] | None = None, xid: Any = None) -> Problem:
     gpu, who = gpu or {}, who or {}
-    return {"severity": severity, "kind": kind, "uuid": gpu.get("uuid"), "minor": gpu.get("minor"),
-            "namespace": who.get("namespace"), "pod": who.get("pod"), "container": who.get("container"),
-            "xid": xid, "text": _text(text), "action": _text(action), "alert": alert}
+    return {"severity": severity, "kind": kind, "uuid": _str(gpu.get("uuid")), "minor": _int(gpu.get("minor")),
+            "namespace": _str(who.get("namespace")), "pod": _str(who.get("pod")),
+            "container": _str(who.get("container")), "xid": _int(xid), "text": _text(text), "action": _text(action),
+            "alert": alert}
+
+
+def _str(value: Any) -> str | None:
+    """A name as one line, or None: whatever a remote tree holds, a problem stays JSON (no NaN, no objects)."""
+    return None if value is None else _text(value)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _name(gpu: Mapping[str, Any]) -> str:
@@ -265,7 +275,7 @@ def _subsystems(view: Mapping[str, Any]) -> Iterator[Problem]:
 def _order(p: Problem) -> tuple:
     minor = p.get("minor")
     return (SEVERITIES.index(p["severity"]), KIND_ORDER.get(p["kind"], len(KIND_ORDER)),
-            minor if isinstance(minor, int) and not isinstance(minor, bool) else math.inf,
+            minor if minor is not None else math.inf,
             str(p.get("uuid")), str(p.get("namespace")), str(p.get("pod")), str(p.get("container")), p["text"])
 
 
