@@ -210,7 +210,9 @@ def examples_answer(prom: str) -> None:
 
 TROUBLE_ALERTS = {"KubeGpuLost", "KubeGpuXidCritical", "KubeGpuXidApplication", "KubeGpuRowRemapFailure",
                   "KubeGpuRowRemapPending", "KubeGpuContainerOverMemoryGrant", "KubeGpuUnaccountedProcesses",
-                  "KubeGpuTemperatureHigh", "KubeGpuAllocatedIdle"}
+                  "KubeGpuTemperatureHigh", "KubeGpuAllocatedIdle", "KubeGpuHardwareSlowdown",
+                  "KubeGpuRetiredPagesLimit", "KubeGpuThermalThrottling", "KubeGpuPowerThrottling",
+                  "KubeGpuEccUncorrectedErrors", "KubeGpuPageRetirementPending"}  # every alert the trouble node has
 
 
 def _ignore_sigint() -> None:

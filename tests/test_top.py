@@ -122,7 +122,7 @@ def test_problems_come_first_the_same_as_the_page(tmp_path: Path) -> None:
     assert [r[0] for r in view.problems][:3] == ["critical"] * 3 and view.problems[-1][0] == "info"
     assert view.problems == [problem_row(p) for p in status["problems"]]
     assert view.problems[0][:2] == ("critical", "0") and "is lost" in view.problems[0][2]
-    assert "| 3 critical, 6 warning, 2 info |" in view.header  # without its kernel log: no Xids
+    assert "| 4 critical, 7 warning, 2 info |" in view.header  # without its kernel log: no Xids
     older = {k: v for k, v in status.items() if k != "problems"}
     assert build_view(older).problems == view.problems
     assert find_problems(older, status["built_at"] + status["snapshot_age_seconds"]) == status["problems"]
