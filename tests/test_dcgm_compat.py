@@ -16,7 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.attribution.attribute import EXCLUSIVE, NONE, SHARE, ContainerUsage, DeviceAttribution, NodeAttribution
-from exporter.exposition.dcgm import BASE_LABELS, CARD_FIELDS, FAMILY_NAMES, INSTANCE_FIELDS, MIG_LABELS, dcgm_families
+from exporter.exposition.dcgm import (
+    BASE_LABELS,
+    CARD_FIELDS,
+    FAMILY_NAMES,
+    GPM_FIELDS,
+    INSTANCE_FIELDS,
+    MIG_LABELS,
+    dcgm_families,
+)
 from exporter.exposition.snapshot import render
 from exporter.model import DeviceHealth, DeviceSample, GpmSample, NodeSample, NvLinkSample, PodInfo
 from exporter.shell import cli
@@ -119,7 +127,7 @@ def labels_of(series: Series, name: str, uuid_label: str) -> list[dict[str, str]
 
 
 def test_every_default_counter_is_exported_with_dcgm_exporters_type() -> None:
-    ours = {f.name: f.kind for f in (*INSTANCE_FIELDS, *CARD_FIELDS)} | {"DCGM_FI_DEV_XID_ERRORS": "gauge"}
+    ours = {f.name: f.kind for f in (*INSTANCE_FIELDS, *CARD_FIELDS, *GPM_FIELDS)} | {"DCGM_FI_DEV_XID_ERRORS": "gauge"}
     default = {n: t for n, t in csv_fields(False).items() if t != "label"}
     assert set(default) - set(ours) == NOT_EXPORTED
     for name, kind in default.items():
@@ -324,8 +332,9 @@ def test_any_sample_renders_finite_series_with_the_label_set(node: tuple) -> Non
     cards = {d.parent_uuid or d.uuid: d for d in reversed(live)}
     assert len(named(s, "DCGM_FI_DEV_GPU_TEMP")) == sum(d.temperature_celsius is not None for d in cards.values())
     assert len(named(s, "DCGM_FI_DEV_GPU_UTIL")) == sum(d.utilization_gpu is not None for d in live)
+    # GPM is each handle's own: a MIG device's is its GPU instance's
     assert len(named(s, "DCGM_FI_PROF_GR_ENGINE_ACTIVE")) == sum(
-        d.health.gpm is not None and d.health.gpm.graphics_active is not None for d in cards.values())
+        d.health.gpm is not None and d.health.gpm.graphics_active is not None for d in live)
     assert len(named(s, "DCGM_FI_DEV_XID_ERRORS")) == (0 if xids is None else len(cards))
     for (name, labels), value in s.items():
         if name == "DCGM_FI_DEV_POWER_USAGE":

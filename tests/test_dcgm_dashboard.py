@@ -169,3 +169,38 @@ def _check_alerts(base: str) -> None:
 def test_grafana_substitution(expr: str) -> None:
     out = grafana_substitute(expr)
     assert "$" not in out and (".*" in out or "[1m]" in out)
+
+
+MIG_H100 = Path(__file__).resolve().parent.parent / "examples" / "mig-h100-node.yaml"
+# The Hopper MIG node's GPU instances (GPU_I_ID) -> (profile, pod holding it, its tensor pipe ratio).
+MIG_H100_INSTANCES = {"2": ("3g.40gb", "train-large-0", 0.57), "3": ("2g.20gb", "infer-small-7f6d5c4b3-m2q8r", 0.18),
+                      "9": ("1g.10gb", "", 0.0)}
+
+
+@pytest.mark.e2e
+def test_nvidia_dashboard_on_a_hopper_mig_node(tmp_path: Path) -> None:
+    """examples/mig-h100-node.yaml: every panel has data; the tensor core panel shows each GPU instance
+    (GPM per instance, nvmlGpmMigSampleGet) with its holder's pod and GPU_I_* labels, the card's power
+    and temperature once per card, and the whole H100 beside them."""
+    assert Path(PROMETHEUS).exists(), "Prometheus server missing: apt-get install prometheus"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs: list[subprocess.Popen] = []
+    try:
+        exporter, address = start_exporter(MIG_H100, "gpu-node-mig-h100", logs, "--dcgm-compat", "--no-xid",
+                                           "--interval", "0.2")
+        procs.append(exporter)
+        prom, base = run_prometheus(tmp_path, "groups: []\n", [{"targets": [address]}])
+        procs.append(prom)
+        # GPM needs two samples: ready when the four handles with GPM have their tensor series
+        assert poll(lambda: len(query(base, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")) == 4, deadline_s=60)
+        _check_dashboard(base)
+        tensor = query(base, 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{GPU_I_ID!=""}')
+        got = {dict(k)["GPU_I_ID"]: (dict(k)["GPU_I_PROFILE"], dict(k).get("pod", ""), v) for k, v in tensor.items()}
+        assert got == MIG_H100_INSTANCES
+        assert {dict(k)["UUID"] for k in tensor} == {"GPU-b2000000-0000-4000-8000-000000000000"}  # the card's
+        assert len(query(base, "DCGM_FI_DEV_POWER_USAGE")) == 2  # once per card, not per instance
+        assert not query(base, 'DCGM_FI_DEV_GPU_UTIL{GPU_I_ID!=""}')  # NVML has no MIG device utilization
+    finally:
+        for proc in reversed(procs):
+            stop(proc)

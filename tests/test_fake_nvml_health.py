@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -182,8 +183,9 @@ def test_invalid_arguments_are_refused(lib: Path) -> None:
 
 @pytest.mark.e2e
 def test_mig_handles_answer_reserved_memory_only(lib: Path) -> None:
-    card = dict(FULL, mig_devices=[{"uuid": "MIG-A", "profile": "3g.40gb", "memory_total_bytes": 40,
-                                    "memory_used_bytes": 20, "memory_reserved_bytes": 5}])
+    card = {**{k: v for k, v in FULL.items() if k != "gpm"},  # a MIG card's GPM is its instances'
+            "mig_devices": [{"uuid": "MIG-A", "profile": "3g.40gb", "memory_total_bytes": 40,
+                             "memory_used_bytes": 20, "memory_reserved_bytes": 5}]}
     with initialised(lib, {"devices": [card]}):
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 1)
@@ -223,11 +225,64 @@ def test_gpm_metrics_need_two_samples_of_one_card_in_order(lib: Path) -> None:
         assert get(a, b) == pynvml.NVML_ERROR_INVALID_ARGUMENT  # freed
         with pytest.raises(pynvml.NVMLError_InvalidArgument):
             pynvml.nvmlGpmSampleFree(a)
-        held = [pynvml.nvmlGpmSampleAlloc() for _ in range(61)]  # the pool holds 64
+        held = [pynvml.nvmlGpmSampleAlloc() for _ in range(253)]  # the pool holds 256
         with pytest.raises(pynvml.NVMLError_Memory):
             pynvml.nvmlGpmSampleAlloc()
         for s in (b, c, unused, *held):
             pynvml.nvmlGpmSampleFree(s)
+
+
+def _mig_card(uuid: str, name: str, *ratios: float | None) -> dict[str, Any]:
+    """A card in MIG mode, GPU instances 1, 2, ...; a ratio gives its instance gpm (sm_active), None none."""
+    return {"uuid": uuid, "name": name, "mig_devices": [
+        {"uuid": f"MIG-{uuid}-{gi}", "profile": "1g.10gb", "gpu_instance_id": gi,
+         **({} if r is None else {"gpm": {"sm_active": r}})} for gi, r in enumerate(ratios, 1)]}
+
+
+@pytest.mark.e2e
+def test_gpm_mig_sample_get_samples_a_gpu_instance_on_its_card(lib: Path) -> None:
+    """nvmlGpmMigSampleGet(card, gpuInstanceId, sample) through pynvml: each GPU instance its own ratios;
+    NOT_SUPPORTED on a card without GPM (A100), INVALID_ARGUMENT for an unknown instance, a MIG handle or MIG off."""
+    doc = {"devices": [_mig_card("GPU-H", "NVIDIA H100 80GB HBM3", 0.25, 0.75),
+                       _mig_card("GPU-A", "NVIDIA A100-SXM4-80GB", None), PLAIN]}
+    with initialised(lib, doc) as fake:
+        h100, a100, t4 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(3))
+        assert pynvml.nvmlGpmQueryDeviceSupport(h100).isSupportedDevice == 1  # asked on the card
+        assert pynvml.nvmlGpmQueryDeviceSupport(a100).isSupportedDevice == 0
+        buffers = [pynvml.nvmlGpmSampleAlloc() for _ in range(4)]
+
+        def ratio(first: Any, second: Any) -> float:
+            req = pynvml.c_nvmlGpmMetricsGet_t(version=pynvml.NVML_GPM_METRICS_GET_VERSION, numMetrics=1,
+                                               sample1=first, sample2=second)
+            req.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+            assert raw(fake, "nvmlGpmMetricsGet", ctypes.byref(req)) == pynvml.NVML_SUCCESS
+            return req.metrics[0].value
+
+        for gi, (a, b) in zip((1, 2), (buffers[:2], buffers[2:]), strict=True):
+            pynvml.nvmlGpmMigSampleGet(h100, gi, a)
+            pynvml.nvmlGpmMigSampleGet(h100, gi, b)
+        assert (ratio(*buffers[:2]), ratio(*buffers[2:])) == (25.0, 75.0)  # percent, as NVML
+        req = pynvml.c_nvmlGpmMetricsGet_t(version=1, numMetrics=1, sample1=buffers[1], sample2=buffers[3])
+        assert raw(fake, "nvmlGpmMetricsGet", ctypes.byref(req)) == pynvml.NVML_ERROR_INVALID_ARGUMENT  # two GIs
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            pynvml.nvmlGpmMigSampleGet(a100, 1, buffers[0])
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h100, 1)
+        for handle, gi in ((h100, 3), (h100, 0), (mig, 1), (t4, 1)):
+            with pytest.raises((pynvml.NVMLError_InvalidArgument, pynvml.NVMLError_NotSupported)) as e:
+                pynvml.nvmlGpmMigSampleGet(handle, gi, buffers[0])
+            assert e.value.value == (pynvml.NVML_ERROR_NOT_SUPPORTED if handle is t4 else
+                                     pynvml.NVML_ERROR_INVALID_ARGUMENT)  # the T4: no GPM at all
+        for b in buffers:
+            pynvml.nvmlGpmSampleFree(b)
+
+
+@pytest.mark.parametrize(("card", "message"), [
+    ({**_mig_card("GPU-H", "H100", 0.5), "gpm": {}}, "devices[0]: a GPU with mig_devices has its GPM on them"),
+    (_mig_card("GPU-H", "H100", 0.5, None), "devices[0].mig_devices: gpm on every MIG device or on none"),
+])
+def test_converter_refuses_gpm_on_a_mig_card_itself_or_on_some_instances(card: dict[str, Any], message: str) -> None:
+    with pytest.raises(FakeNvmlError, match=re.escape(message)):
+        config_text({"devices": [card]})
 
 
 @pytest.mark.e2e

@@ -10,6 +10,13 @@ import pytest
 import yaml
 
 from exporter.attribution.allocations import AllocationInputs, compute_allocations
+from exporter.attribution.attribute import (
+    UTILIZATION_GPM,
+    UTILIZATION_NVML,
+    UTILIZATION_UNAVAILABLE,
+    utilization_source,
+)
+from exporter.exposition.health_notes import NO_UTILIZATION, utilization_note
 from exporter.node.pods import pod_from_api
 from exporter.node.simulate import ScenarioError, load_scenario, parse_scenario
 from exporter.shell.cli import build_daemon
@@ -174,3 +181,46 @@ def test_fake_only_not_supported_names_are_accepted_by_the_simulated_node() -> N
     doc["devices"][0]["not_supported"] = ["mig"]
     with pytest.raises(ScenarioError, match="not_supported lists mig, but the GPU has mig_devices"):
         parse_scenario(doc)
+
+
+HOPPER = ROOT / "examples" / "mig-h100-node.yaml"
+H_3G, H_2G, H_1G = (f"MIG-b2000000-0000-5000-8000-00000000000{i}" for i in (1, 2, 3))
+H_WHOLE = "GPU-b2000000-0000-4000-8000-000000000001"
+
+
+def test_hopper_mig_devices_serve_their_gpu_instance_gpm_and_the_holders_duty_cycle() -> None:
+    """examples/mig-h100-node.yaml: GPM per GPU instance, natively and as DCGM_FI_PROF_* with GPU_I_*; the
+    exclusive holder's duty cycle is its instance's graphics engine activity (NVML has no MIG utilization)."""
+    text = one_cycle(HOPPER, "--dcgm-compat")
+    sm = {u: rows[0][1] for u, rows in _rows(text, "nvidia_gpu_sm_active_ratio").items()}
+    assert sm == {H_3G: 0.81, H_2G: 0.3, H_1G: 0.0, H_WHOLE: 0.58}  # each its own, the idle one 0, not absent
+    duty = {u: [(lb["allocate_mode"], lb["pod_name"], v) for lb, v in rows]
+            for u, rows in _rows(text, "nvidia_gpu_duty_cycle").items()}
+    assert duty == {H_3G: [("exclusive", "train-large-0", 88.0)],
+                    H_2G: [("exclusive", "infer-small-7f6d5c4b3-m2q8r", 35.0)], H_1G: [("None", "", 0.0)],
+                    H_WHOLE: [("exclusive", "notebook-ana", 64.0)]}
+    prof = {dict(lb).get("GPU_I_ID", ""): (dict(lb)["pod"], v) for (name, lb), v in values(text).items()
+            if name == "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+    assert prof == {"2": ("train-large-0", 0.88), "3": ("infer-small-7f6d5c4b3-m2q8r", 0.35), "9": ("", 0.0),
+                    "": ("notebook-ana", 0.64)}
+    assert not [k for k in values(text) if k[0] == "DCGM_FI_DEV_GPU_UTIL" and dict(k[1]).get("GPU_I_ID")]
+
+
+def test_a100_mig_devices_have_no_gpm_so_no_utilization_at_all() -> None:
+    text = one_cycle(EXAMPLE, "--dcgm-compat")
+    assert not _rows(text, "nvidia_gpu_sm_active_ratio")
+    assert not [k for k in values(text) if k[0].startswith("DCGM_FI_PROF_")]
+
+
+def test_the_utilization_source_tells_gpm_from_unavailable() -> None:
+    """The fact the status page and `top` show: a MIG device's utilization comes from its GPU instance's GPM
+    (Hopper) or is not available from NVML at all (A100): then "utilisation not available", not a dash."""
+    sources = {d.sample.uuid: utilization_source(d.sample) for p in (HOPPER, EXAMPLE)
+               for d in load_scenario(p).devices}
+    assert sources == {H_3G: UTILIZATION_GPM, H_2G: UTILIZATION_GPM, H_1G: UTILIZATION_GPM,
+                       H_WHOLE: UTILIZATION_NVML, MIG_3G: UTILIZATION_UNAVAILABLE, MIG_2G_A: UTILIZATION_UNAVAILABLE,
+                       MIG_2G_B: UTILIZATION_UNAVAILABLE, CARD1: UTILIZATION_NVML}
+    assert utilization_note({"utilization_source": UTILIZATION_UNAVAILABLE}) == NO_UTILIZATION
+    assert NO_UTILIZATION == "utilisation not available from NVML on this GPU"
+    for entry in ({"utilization_source": UTILIZATION_GPM}, {"utilization_source": UTILIZATION_NVML}, {}):
+        assert utilization_note(entry) is None  # an older exporter's entry has no key: nothing claimed

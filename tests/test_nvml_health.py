@@ -434,3 +434,86 @@ def test_a_failing_link_counter_blanks_that_counter(nvml: Harness, monkeypatch: 
     assert [(n.link, n.active, n.crc_errors, n.replay_errors, n.tx_bytes) for n in links] == [
         (0, True, None, None, 10 * KIB), (5, False, None, None, None), (17, True, None, None, 30 * KIB)]
     assert dict(backend.sample().errors) == {("nvmlDeviceGetNvLinkErrorCounter", "NVMLError_NoPermission"): 18}
+
+
+# ---- GPM per GPU instance (MIG on Hopper) ----------------------------------------------------
+
+MIG_H100 = Path(__file__).resolve().parent.parent / "examples" / "mig-h100-node.yaml"
+
+
+def test_mig_devices_on_hopper_carry_their_gpu_instance_gpm(nvml: Harness) -> None:
+    """examples/mig-h100-node.yaml through pynvml: nvmlGpmMigSampleGet once per GPU instance and cycle on the card's
+    handle, each MIG device its own instance's ratios from the second cycle on, as the simulated node has them."""
+    doc = yaml.safe_load(MIG_H100.read_text())
+    for d in doc["devices"]:
+        for handle in (d, *d.get("mig_devices", [])):
+            handle.setdefault("memory_reserved_bytes", 0)  # absent: 0 in the fake, None in the simulated node
+    backend, fake = nvml.start(doc)
+    simulated = oracle(doc)
+    assert backend.sample().devices == without_gpm(simulated.sample().devices)
+    for cycle in range(2, 5):
+        s = backend.sample()
+        assert s.devices == simulated.sample().devices
+        assert s.devices[0].health.gpm == GpmSample(0.88, 0.81, 0.34, 0.57, 0.46)
+        assert s.devices[2].health.gpm == GpmSample(0.0, 0.0, 0.0, 0.0, 0.0)  # idle, not absent
+        assert fake.calls("nvmlGpmMigSampleGet") == 3 * cycle  # three GPU instances
+        assert fake.calls("nvmlGpmSampleGet") == cycle  # the whole card only: a MIG card's own is not read
+    assert fake.calls("nvmlGpmSampleAlloc") == 2 * 4  # two buffers per instance and per whole card, reused
+    assert dict(s.errors) == {}
+    backend.close()
+    assert fake.calls("nvmlGpmSampleFree") == 8
+
+
+def test_compute_instances_of_one_gpu_instance_share_one_sample(nvml: Harness) -> None:
+    doc = yaml.safe_load(MIG_H100.read_text())
+    first = doc["devices"][0]["mig_devices"][0]
+    first["gpm"] = {"sm_active": 0.5}
+    doc["devices"][0]["mig_devices"] = [first, {**first, "uuid": "MIG-b2000000-0000-5000-8000-00000000000a",
+                                                "compute_instance_id": 1, "processes": []}]
+    backend, fake = nvml.start(doc)
+    backend.sample()
+    s = backend.sample()
+    assert [d.health.gpm for d in s.devices[:2]] == [GpmSample(sm_active=0.5)] * 2
+    assert fake.calls("nvmlGpmMigSampleGet") == 2  # one instance, two cycles
+
+
+def test_a100_mig_devices_have_no_gpm_and_nothing_is_counted(nvml: Harness) -> None:
+    backend, fake = nvml.start(mig_scenario())
+    for _ in range(3):
+        s = backend.sample()
+        assert [d.health.gpm for d in s.devices] == [None] * 4
+    assert fake.calls("nvmlGpmMigSampleGet") == 0  # the card said isSupportedDevice 0, asked once
+    assert fake.calls("nvmlGpmQueryDeviceSupport") == 2
+    assert dict(s.errors) == {}
+
+
+def test_destroyed_gpu_instances_free_their_buffers(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIG devices come and go: an instance no cycle reads any more gives its two buffers back."""
+    backend, fake = nvml.start(yaml.safe_load(MIG_H100.read_text()))
+    backend.sample()
+    real = pynvml.nvmlDeviceGetMigDeviceHandleByIndex
+
+    def without_slot_3(card: Any, slot: int) -> Any:
+        if slot == 3:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)  # the 1g.10gb instance was destroyed
+        return real(card, slot)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMigDeviceHandleByIndex", without_slot_3)
+    s = backend.sample()
+    assert [d.uuid for d in s.devices] == [*(m["uuid"] for m in yaml.safe_load(MIG_H100.read_text())["devices"][0][
+        "mig_devices"][:2]), "GPU-b2000000-0000-4000-8000-000000000001"]
+    assert fake.calls("nvmlGpmSampleFree") == 2
+    assert dict(s.errors) == {}
+
+
+def test_a_driver_without_gpm_mig_sampling_is_not_an_error(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(*_: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlGpmMigSampleGet", missing)
+    backend, fake = nvml.start(yaml.safe_load(MIG_H100.read_text()))
+    for _ in range(3):
+        s = backend.sample()
+    assert [d.health.gpm is None for d in s.devices] == [True, True, True, False]  # the whole card keeps its GPM
+    assert dict(s.errors) == {}
+    assert fake.calls("nvmlGpmSampleFree") == 2  # the first instance's pair, given back at once

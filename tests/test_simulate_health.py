@@ -129,29 +129,69 @@ def test_energy_advances_by_the_configured_power_each_tick() -> None:
     assert energies(doc_with(energy_millijoules=1_000, not_supported=["energy_millijoules"])) == [[None]] * 3
 
 
+CARD_HEALTH = {k: v for k, v in HEALTH.items() if k != "gpm"}  # a MIG card's GPM is on its MIG devices
+
+
 def test_mig_devices_repeat_the_card_health_and_keep_their_own_reserved_memory() -> None:
     migs = [{"uuid": "MIG-a", "profile": "3g.40gb", "memory_total_bytes": 40 << 30, "memory_reserved_bytes": 1 << 20},
             {"uuid": "MIG-b", "profile": "3g.40gb", "memory_total_bytes": 40 << 30}]
-    backend = SimulatedBackend(parse_scenario(doc_with(**HEALTH, memory_reserved_bytes=1 << 30, mig_devices=migs)))
+    backend = SimulatedBackend(parse_scenario(doc_with(**CARD_HEALTH, memory_reserved_bytes=1 << 30,
+                                                       mig_devices=migs)))
     first, second = backend.sample(), backend.sample()
-    assert [d.health for d in first.devices] == [EXPECTED, EXPECTED]
+    assert [d.health for d in first.devices] == [replace(EXPECTED, gpm=None)] * 2
     assert [d.memory_reserved_bytes for d in first.devices] == [1 << 20, 0]  # own, or 0 without the key
     assert [d.health.energy_millijoules for d in second.devices] == [HEALTH["energy_millijoules"] + 250_000] * 2
 
 
-@pytest.mark.parametrize("key", sorted(HEALTH_KEYS))
+def _gpm_migs(*ratios: float, gpu_instances: tuple[int, ...] = (1, 2)) -> list[dict[str, Any]]:
+    return [{"uuid": f"MIG-{i}", "profile": "3g.40gb", "gpu_instance_id": gi, "gpm": {"sm_active": r}}
+            for i, (gi, r) in enumerate(zip(gpu_instances, ratios, strict=True))]
+
+
+def test_each_mig_device_carries_its_gpu_instance_gpm_and_the_card_health() -> None:
+    """GPM per GPU instance (nvmlGpmMigSampleGet), the rest of the health the card's."""
+    devices = SimulatedBackend(parse_scenario(doc_with(**CARD_HEALTH, mig_devices=_gpm_migs(0.25, 0.75)))).sample()
+    assert [d.health.gpm for d in devices.devices] == [GpmSample(sm_active=0.25), GpmSample(sm_active=0.75)]
+    assert {replace(d.health, gpm=None) for d in devices.devices} == {replace(EXPECTED, gpm=None)}
+
+
+def test_a_mig_card_without_gpm_blanks_its_instances_gpm() -> None:
+    doc = doc_with(**CARD_HEALTH, not_supported=["gpm"], mig_devices=_gpm_migs(0.25, 0.75))
+    assert [d.sample.health.gpm for d in parse_scenario(doc).devices] == [None, None]
+
+
+@pytest.mark.parametrize(("card", "migs", "message"), [
+    ({"gpm": {"sm_active": 0.5}}, _gpm_migs(0.1, 0.2), "devices[0]: a GPU with mig_devices has its GPM on them"),
+    ({}, [*_gpm_migs(0.1, gpu_instances=(1,)), {"uuid": "MIG-x", "profile": "1g.10gb", "gpu_instance_id": 9}],
+     "devices[0].mig_devices: gpm on every MIG device or on none"),
+    ({}, [{"uuid": "MIG-x", "profile": "1g.10gb", "gpm": {}}], "devices[0].mig_devices[0]: gpm needs gpu_instance_id"),
+    ({}, _gpm_migs(0.1, 0.2, gpu_instances=(3, 3)), "devices[0].mig_devices[1]: MIG devices of one GPU instance share"),
+])
+def test_mig_gpm_rules_are_one_line_errors(card: dict[str, Any], migs: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(ScenarioError, match=re.escape(message)) as e:
+        parse_scenario(doc_with(**card, mig_devices=migs))
+    assert "\n" not in str(e.value)
+
+
+def test_compute_instances_of_one_gpu_instance_share_its_gpm() -> None:
+    migs = _gpm_migs(0.5, 0.5, gpu_instances=(3, 3))
+    assert [d.sample.health.gpm for d in parse_scenario(doc_with(mig_devices=migs)).devices] == [
+        GpmSample(sm_active=0.5)] * 2
+
+
+@pytest.mark.parametrize("key", sorted(HEALTH_KEYS - {"gpm"}))
 def test_a_mig_device_cannot_carry_health_of_its_own(key: str) -> None:
-    """Health (NVLink among it) is the card's: on a MIG device it is refused, so a card's MIG devices
-    cannot disagree about its links and the rows can take them from any of them."""
+    """Health (NVLink among it) is the card's, GPM aside (its GPU instance's): on a MIG device it is refused,
+    so a card's MIG devices cannot disagree about its links and the rows can take them from any of them."""
     mig = {"uuid": "MIG-a", "profile": "3g.40gb", key: HEALTH[key]}
     with pytest.raises(ScenarioError, match=re.escape(f"devices[0].mig_devices[0]: unknown key(s) {key};")) as e:
-        parse_scenario(doc_with(**HEALTH, mig_devices=[mig]))
+        parse_scenario(doc_with(**CARD_HEALTH, mig_devices=[mig]))
     assert "\n" not in str(e.value)
 
 
 def test_without_nvlink_the_simulated_node_reports_no_links() -> None:
     migs = [{"uuid": "MIG-a", "profile": "3g.40gb"}, {"uuid": "MIG-b", "profile": "3g.40gb"}]
-    for doc in (doc_with(**HEALTH), doc_with(**HEALTH, mig_devices=migs)):
+    for doc in (doc_with(**HEALTH), doc_with(**CARD_HEALTH, mig_devices=migs)):
         on, off = SimulatedBackend(parse_scenario(doc)), SimulatedBackend(parse_scenario(doc), nvlink=False)
         for _ in range(2):
             want, got = on.sample().devices, off.sample().devices

@@ -18,11 +18,19 @@ from hypothesis import strategies as st
 from prometheus_client.core import Metric
 
 from exporter.attribution import usage_counters as uc
-from exporter.attribution.attribute import EXCLUSIVE, NONE, SHARE, ContainerUsage, DeviceAttribution, NodeAttribution
+from exporter.attribution.attribute import (
+    EXCLUSIVE,
+    NONE,
+    SHARE,
+    ContainerUsage,
+    DeviceAttribution,
+    NodeAttribution,
+    device_utilization,
+)
 from exporter.attribution.usage_counters import RETAIN_CYCLES, UsageCounters, advance
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.exposition.usage_rows import usage_families
-from exporter.model import DeviceHealth, DeviceSample, NodeSample, PodInfo
+from exporter.model import DeviceHealth, DeviceSample, GpmSample, NodeSample, PodInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = 5.0  # max_period in these tests
@@ -179,6 +187,30 @@ def test_mig_energy_is_the_cards_split_by_memory_slice() -> None:
     assert approx(rows_of(b.energy, "MIG-b"), {C2: 0.0, REST: 6.0})
     assert sum(b.energy.values()) == pytest.approx(8.0)  # the card's delta, once
     assert b.busy == {}
+
+
+def test_a_mig_device_with_gpm_accrues_its_gpu_instance_graphics_activity() -> None:
+    """NVML has no utilization for MIG devices; on Hopper the GPU instance's GPM (GRAPHICS_UTIL) stands in."""
+    def cycle() -> tuple[DeviceAttribution, ...]:
+        gpm = DeviceHealth(gpm=GpmSample(graphics_active=0.25))
+        held = replace(dev("MIG-a", util=None, parent="GPU-card"), health=gpm)
+        free = replace(dev("MIG-b", util=None, parent="GPU-card"), health=gpm)
+        blind = dev("MIG-c", util=None, parent="GPU-card")  # no GPM (A100): no busy rows, unknown is not idle
+        return da(held, EXCLUSIVE, user(1, 25.0)), da(free, NONE), da(blind, EXCLUSIVE, user(2, None))
+
+    b = step(step(UsageCounters(), 0.0, *cycle()), 2.0, *cycle())
+    assert approx(rows_of(b.busy, "MIG-a"), {C1: 0.5, REST: 0.0})
+    assert approx(rows_of(b.busy, "MIG-b"), {REST: 0.5})
+    assert rows_of(b.busy, "MIG-c") == {}
+    assert approx(dict(b.device_busy), {("MIG-a", "0", "A100"): 0.5, ("MIG-b", "0", "A100"): 0.5})
+
+
+def test_device_utilization_is_nvmls_else_a_mig_devices_gpm() -> None:
+    gpm = DeviceHealth(gpm=GpmSample(graphics_active=0.5))
+    assert device_utilization(dev(util=40)) == 40.0
+    assert device_utilization(replace(dev(util=None, parent="GPU-card"), health=gpm)) == 50.0
+    assert device_utilization(replace(dev(util=None), health=gpm)) is None  # a whole GPU: NVML's, or nothing
+    assert device_utilization(dev(util=None, parent="GPU-card")) is None
 
 
 def test_mig_slices_of_unknown_size_split_equally() -> None:

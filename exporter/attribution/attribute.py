@@ -10,7 +10,9 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
    than the device's lastSeenTimeStamp (NVML may return several per interval; the mean keeps
    the unit "percent of the interval"). A listed process with no sample was idle (0).
 3. A container's usage on a GPU is the sum over its processes: SM utilization capped at 100,
-   memory in bytes (unknown if any of its processes reports NVML_VALUE_NOT_AVAILABLE).
+   memory in bytes (unknown if any of its processes reports NVML_VALUE_NOT_AVAILABLE). The
+   exclusive holder's is the device's own (:func:`device_utilization`: on a MIG device its GPU
+   instance's GPM, NVML having no utilization for MIG devices, per process neither).
 4. Holders of a GPU: containers allocated it by a known placement, plus containers with an
    allocation whose GPU is not known yet (e.g. no pod-resources socket) that run a process on
    it (placement inferred, at most as many GPUs as allocated).
@@ -110,6 +112,31 @@ class NodeAttribution:
     pods: tuple[PodInfo, ...]  # pods holding or using a GPU on this node
     skips: Mapping[str, int]
     disagreements: Mapping[str, int] = field(default_factory=dict)  # scheme -> containers (rules 7, 8)
+
+
+def device_utilization(d: DeviceSample) -> float | None:
+    """The device's busy percent: NVML's utilization, or on a MIG device (which NVML gives none) its GPU
+    instance's graphics engine activity (GPM, Hopper and newer), the same measure; None where neither is."""
+    if d.utilization_gpu is not None:
+        return float(d.utilization_gpu)
+    gpm = d.health.gpm
+    if d.parent_uuid is not None and gpm is not None and gpm.graphics_active is not None:
+        return gpm.graphics_active * 100
+    return None
+
+
+# Where a device's busy percent comes from (utilization_source): the status tree's key for it, so the
+# page and `top` can say "utilisation not available from NVML on this GPU" instead of a silent dash.
+UTILIZATION_NVML = "nvml"  # nvmlDeviceGetUtilizationRates
+UTILIZATION_GPM = "gpm"  # a MIG device's GPU instance's GPM (GRAPHICS_UTIL), Hopper and newer
+UTILIZATION_UNAVAILABLE = "unavailable"  # neither: a MIG device before Hopper (A100, A30), NotSupported
+
+
+def utilization_source(d: DeviceSample) -> str:
+    """Which of the three :func:`device_utilization` reads on ``d`` this cycle (a lost GPU: unavailable)."""
+    if d.utilization_gpu is not None:
+        return UTILIZATION_NVML
+    return UTILIZATION_UNAVAILABLE if device_utilization(d) is None else UTILIZATION_GPM
 
 
 def combine_util_samples(samples: Sequence[UtilSample]) -> dict[int, float]:
@@ -309,7 +336,7 @@ def _device(d: DeviceSample, rows: list[ProcessAttribution], held: Mapping[Conta
 def _usage(d: DeviceSample, mode: str, mine: list[ProcessAttribution]) -> tuple[float | None, int | None]:
     """A container's SM utilization and memory on one GPU (rule 3; the device's own figures if exclusive)."""
     if mode == EXCLUSIVE:
-        return (None if d.utilization_gpu is None else float(d.utilization_gpu)), d.memory_used_bytes
+        return device_utilization(d), d.memory_used_bytes
     if not d.processes_ok:
         return None, None  # unknown is not idle: omit rather than report 0
     sm = None if any(r.sm_util is None for r in mine) else min(100.0, sum(r.sm_util or 0.0 for r in mine))

@@ -7,11 +7,12 @@ sample, and returns the next counters; the pipeline keeps the value between cycl
    that is not positive or is longer than ``max_period`` (a clock step, a stalled sampler) accrues
    nothing either and is counted (``usage_period_backwards`` / ``usage_period_too_long``): usage is
    never invented for time nobody watched.
-2. Busy seconds: a device accrues ``utilization_gpu / 100 * dt``. Its containers split that by the
+2. Busy seconds: a device accrues ``utilization / 100 * dt`` (``device_utilization``: NVML's, on a MIG
+   device its GPU instance's GPM graphics activity). Its containers split that by the
    SM values the duty-cycle rows carry: the exclusive holder gets the device's; on a shared device
    each user ``sm / 100 * dt``, scaled down together when their sum exceeds the device's utilization.
    The rest goes to the unattributed row (empty namespace, pod, container): rows + unattributed ==
-   device. A device without utilization (MIG devices, NotSupported, lost) has no busy rows.
+   device. A device without utilization (MIG devices without GPM, NotSupported, lost) has no busy rows.
 3. Energy: the card's ``energy_millijoules`` delta since the previous cycle. The exclusive holder
    gets all of it (idle power included: the GPU is its alone); on a shared device each user the
    same SM fraction as in rule 2 and the rest (idle power, unattributed processes) goes to the
@@ -20,7 +21,7 @@ sample, and returns the next counters; the pipeline keeps the value between cycl
    skips that period and re-baselines.
 4. MIG: energy is read per card, and a card's delta is split over its MIG devices in proportion
    to their memory slices (equally if a size is unknown), then within each MIG device by rule 3.
-   MIG devices report no SM utilization, so a shared MIG device's energy stays unattributed.
+   MIG devices report no per-process utilization, so a shared MIG device's energy stays unattributed.
 5. State stays bounded: a row (or device) absent from the attribution keeps its value for
    :data:`RETAIN_CYCLES` cycles (a scrape between still sees its last increase; a blip does not
    reset it) and is then dropped. At most ``(RETAIN_CYCLES + 1) x rows per cycle`` rows are held.
@@ -33,7 +34,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from exporter.attribution.attribute import EXCLUSIVE, SHARE, ContainerUsage, DeviceAttribution, NodeAttribution
+from exporter.attribution.attribute import (
+    EXCLUSIVE,
+    SHARE,
+    ContainerUsage,
+    DeviceAttribution,
+    NodeAttribution,
+    device_utilization,
+)
 from exporter.model import EMPTY, DeviceSample, NodeSample
 
 # (uuid, minor_number, name, namespace, pod, container): one counter row's label values; "" pod
@@ -81,7 +89,7 @@ def sm_fractions(da: DeviceAttribution, skips: dict[str, int] | None = None) -> 
     the device's utilization (100 when unknown). Exclusive and unheld devices have none."""
     if da.mode != SHARE or not da.users:
         return []
-    util = da.device.utilization_gpu
+    util = device_utilization(da.device)
     if skips is not None and util is not None and any(u.sm_util is None for u in da.users):
         _count(skips, "usage_sm_unknown")  # unknown is not idle: its part stays unattributed
     raw = [(u, (u.sm_util or 0.0) / 100) for u in da.users]
@@ -168,8 +176,8 @@ def advance(prev: UsageCounters, attr: NodeAttribution, sample: NodeSample,
         d = da.device
         dk = _device_key(d)
         fractions = sm_fractions(da, skips)
-        if d.utilization_gpu is not None:
-            total = d.utilization_gpu / 100 * (dt or 0.0)
+        if (util := device_utilization(d)) is not None:
+            total = util / 100 * (dt or 0.0)
             device_busy[dk] = device_busy.get(dk, 0.0) + total
             seen[("device", dk)] = cycle
             if da.mode == EXCLUSIVE:

@@ -11,8 +11,9 @@ Where it differs from dcgm-exporter, on purpose:
   for every pod); each container's share is in the native ``nvidia_gpu_*`` per-container series;
 * ``Hostname`` is the node name (dcgm-exporter's is its own host name: the pod's, in a cluster);
 * on a MIG card the card's own fields (power, temperatures, clocks, energy, health) appear once
-  per card, without ``GPU_I_*``; the MIG devices carry their memory and utilization and the pod
-  labels of their holder. ``UUID`` is the card's on both, as dcgm-exporter's.
+  per card, without ``GPU_I_*``; the MIG devices carry their memory, utilization and GPM
+  (``DCGM_FI_PROF_*``, their GPU instance's: Hopper and newer) and the pod labels of their holder.
+  ``UUID`` is the card's on both, as dcgm-exporter's.
 """
 
 from __future__ import annotations
@@ -100,14 +101,14 @@ _CARD_ORDER = (
     "DCGM_FI_DEV_RETIRED_PENDING", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_PENDING", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
 )
 
 
-def _fields(card: bool, order: tuple[str, ...]) -> tuple[Field, ...]:
-    by_name = {d.name: _spec_field(f, d) for f in DEVICE_FIELDS for d in f.dcgm if d.card == card}
-    by_name |= {f.name: f for c, f in _COMPUTED if c == card}
+def _fields(card: bool, order: tuple[str, ...], gpm: bool = False) -> tuple[Field, ...]:
+    by_name = {d.name: _spec_field(f, d) for f in DEVICE_FIELDS for d in f.dcgm
+               if d.card == card and (f.group == "gpm") == gpm}
+    by_name |= {f.name: f for c, f in _COMPUTED if c == card and not gpm}
     return tuple(by_name[n] for n in ordered(by_name, order))
 
 
@@ -115,11 +116,14 @@ def _fields(card: bool, order: tuple[str, ...]) -> tuple[Field, ...]:
 INSTANCE_FIELDS: tuple[Field, ...] = _fields(False, _INSTANCE_ORDER)
 # What the physical GPU answers (a MIG device repeats its card's: exposed once per card).
 CARD_FIELDS: tuple[Field, ...] = _fields(True, _CARD_ORDER)
+# GPM (DCGM_FI_PROF_*): each handle's own, a MIG device's its GPU instance's; served after the card's fields.
+GPM_FIELDS: tuple[Field, ...] = _fields(False, (), gpm=True)
 XID_FAMILY = "DCGM_FI_DEV_XID_ERRORS"
 XID_HELP = "Value of the last XID error encountered."
 XID_SOURCE = ("the last Xid the watcher counted on the card or one of its MIG devices (label `err_code`), 0 before "
               "the first; absent with `--no-xid` or no Xid source")
-FAMILY_NAMES = (*(f.name for f in INSTANCE_FIELDS), *(f.name for f in CARD_FIELDS), XID_FAMILY)
+FAMILY_NAMES = (*(f.name for f in INSTANCE_FIELDS), *(f.name for f in CARD_FIELDS), *(f.name for f in GPM_FIELDS),
+                XID_FAMILY)
 # Labels every series carries, in dcgm-exporter's order; MIG devices add GPU_I_PROFILE, GPU_I_ID after modelName.
 BASE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION",
                "container", "namespace", "pod")
@@ -190,16 +194,22 @@ def dcgm_families(attr: NodeAttribution, sample: NodeSample, hostname: str,
             out.add(f.name, f.kind, f.help, own, f.value(d))
         card_uuid = d.parent_uuid or d.uuid
         if card_uuid in cards_seen:
+            _add_all(out, GPM_FIELDS, own, d)
             continue
         cards_seen.add(card_uuid)
         # A MIG card is shared by its MIG devices' holders: its own series carry no pod.
         card = _labels(d, hostname, sample.driver_version, NO_HOLDER, False) if mig else own
-        for f in CARD_FIELDS:
-            out.add(f.name, f.kind, f.help, card, f.value(d))
+        _add_all(out, CARD_FIELDS, card, d)
+        _add_all(out, GPM_FIELDS, own, d)  # after the card's fields, where they were before MIG had them
         if last_xid is not None:
             xid = _card_xid(card_uuid, sample.devices, last_xid)
             out.add(XID_FAMILY, "gauge", XID_HELP, {**card, "err_code": str(xid)}, xid)
     return list(out.fams.values())
+
+
+def _add_all(out: _Out, fields: Iterable[Field], labels: Labels, d: DeviceSample) -> None:
+    for f in fields:
+        out.add(f.name, f.kind, f.help, labels, f.value(d))
 
 
 def _card_xid(card_uuid: str, devices: Iterable[DeviceSample], last_xid: Mapping[str, tuple[float, int]]) -> int:
@@ -214,5 +224,7 @@ def dcgm_markdown() -> str:
     rows = [f"| `{f.name}` | {f.kind} | {f.unit} | {f.source}; per device and per MIG device |\n"
             for f in INSTANCE_FIELDS]
     rows += [f"| `{f.name}` | {f.kind} | {f.unit} | {f.source} |\n" for f in CARD_FIELDS]
+    rows += [f"| `{f.name}` | {f.kind} | {f.unit} | {f.source}; per device and per MIG device (its GPU instance's) |\n"
+             for f in GPM_FIELDS]
     rows.append(f"| `{XID_FAMILY}` | gauge | Xid | {XID_SOURCE} |\n")
     return "| series | type | unit | from |\n| --- | --- | --- | --- |\n" + "".join(rows)

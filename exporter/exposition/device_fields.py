@@ -17,7 +17,7 @@ per call): node/ may not import exposition/, so the table names the read (``nvml
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporter.model import DeviceSample
 
@@ -99,8 +99,9 @@ def _c(attr: str, nvml: str, family: str, unit: str, help: str, use: str, *dcgm:
 
 
 def _gpm(attr: str, metric: str, family: str, help: str, use: str, dcgm: Dcgm) -> DeviceField:
+    # each handle's own: a MIG device's GPM is its GPU instance's (nvmlGpmMigSampleGet), not its card's
     return DeviceField(f"gpm.{attr}", f"`nvmlGpmMetricsGet` `{metric}` / 100", "gpm", family, unit="ratio 0..1",
-                       help=help, use=use, dcgm=(dcgm,))
+                       help=help, use=use, dcgm=(replace(dcgm, card=False),))
 
 
 _PCIE_NOTE = "KB/s x 1024; DCGM's profiling counter also counts protocol headers"

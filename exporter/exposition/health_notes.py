@@ -31,3 +31,16 @@ def health_notes(gpu: Mapping[str, Any]) -> list[tuple[str, bool]] | None:
     if not notes and not isinstance(reasons, list) and not rows:
         return None
     return notes
+
+
+# attribution.attribute.UTILIZATION_UNAVAILABLE, the value of a GPU entry's ``utilization_source`` (this
+# module imports nothing of ours: ``top`` reads a remote exporter's JSON with it)
+_UNAVAILABLE = "unavailable"
+NO_UTILIZATION = "utilisation not available from NVML on this GPU"
+
+
+def utilization_note(gpu: Mapping[str, Any]) -> str | None:
+    """:data:`NO_UTILIZATION` where the entry says NVML gives this GPU no utilization (a MIG device
+    before Hopper: no device, process or GPM utilization); None otherwise, and for an older exporter's
+    entry without the key. A missing value is then unknown, not idle."""
+    return NO_UTILIZATION if gpu.get("utilization_source") == _UNAVAILABLE else None

@@ -19,6 +19,7 @@ from exporter.attribution.attribute import (
     SHARE,
     DeviceAttribution,
     NodeAttribution,
+    device_utilization,
     granted_memory,
 )
 from exporter.attribution.usage_counters import UsageCounters
@@ -125,7 +126,7 @@ def workload_families(attr: NodeAttribution, sample: NodeSample, node: str, name
         d = da.device
         if da.mode == NONE or da.mode == SHARE:
             lbl = row(d, NONE, None, "")
-            _add(duty, lbl, d.utilization_gpu)
+            _add(duty, lbl, device_utilization(d))
             _add(mtotal, lbl, d.memory_total_bytes)
             _add(mused, lbl, d.memory_used_bytes)
             _add(power, lbl, d.power_usage_milliwatts)

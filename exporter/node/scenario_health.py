@@ -81,6 +81,25 @@ def parse_gpm(raw: object, where: str) -> GpmSample:
     return GpmSample(**{k: as_ratio(m[k], f"{where}.{k}") for k in GPM_KEYS if m.get(k) is not None})
 
 
+def check_mig_gpm(card: Mapping[str, Any], migs: list[Mapping[str, Any]], where: str) -> None:
+    """GPM is the card's capability and each GPU instance's sample: on all MIG devices or none, one per
+    instance, none on the MIG card itself (the same rules as the fake NVML's config)."""
+    if card.get("gpm") is not None:
+        raise ScenarioError(f"{where}: a GPU with mig_devices has its GPM on them (gpm: per MIG device)")
+    where = f"{where}.mig_devices"
+    given = [m.get("gpm") is not None for m in migs]
+    if any(given) and not all(given):
+        raise ScenarioError(f"{where}: gpm on every MIG device or on none (GPM is the card's)")
+    by_instance: dict[object, object] = {}
+    for j, m in enumerate(migs):
+        if m.get("gpm") is None:
+            continue
+        if m.get("gpu_instance_id") is None:
+            raise ScenarioError(f"{where}[{j}]: gpm needs gpu_instance_id (GPM is per GPU instance)")
+        if by_instance.setdefault(m["gpu_instance_id"], m["gpm"]) != m["gpm"]:
+            raise ScenarioError(f"{where}[{j}]: MIG devices of one GPU instance share its gpm")
+
+
 def energy_at(health: DeviceHealth, power_milliwatts: int | None, elapsed_ticks: int) -> DeviceHealth:
     """The health after ``elapsed_ticks`` 1 s ticks at the configured power (mW x s = mJ).
 

@@ -98,3 +98,14 @@ def reject_unknown(obj: Mapping[str, Any], allowed: set[str] | frozenset[str], w
     extra = sorted(map(str, set(obj) - allowed))
     if extra:
         raise ScenarioError(f"{where}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def check_memory(ints: Mapping[str, int], where: str) -> None:
+    """Memory values of a device that NVML could report together (used, reserved within total)."""
+    total = ints.get("memory_total_bytes")
+    for k in ("memory_used_bytes", "memory_reserved_bytes"):
+        if total is not None and ints.get(k, 0) > total:
+            raise ScenarioError(f"{where}: {k} exceeds memory_total_bytes")
+    # NVML's v1 'used' includes the reserved memory (v2 splits them): used below reserved cannot be read
+    if ints.get("memory_used_bytes", 0) < ints.get("memory_reserved_bytes", 0) and "memory_used_bytes" in ints:
+        raise ScenarioError(f"{where}: memory_used_bytes is below memory_reserved_bytes (used includes reserved)")

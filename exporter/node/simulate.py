@@ -28,13 +28,14 @@ from exporter.model import (
     ProcessUsage,
     UtilSample,
 )
-from exporter.node.scenario_health import HEALTH_KEYS, energy_at, parse_health
+from exporter.node.scenario_health import HEALTH_KEYS, check_mig_gpm, energy_at, parse_gpm, parse_health
 from exporter.node.scenario_parse import (
     ScenarioError,
     as_int,
     as_list,
     as_mapping,
     as_str,
+    check_memory,
     quantity_text,
     read_scenario_text,
     reject_unknown,
@@ -50,9 +51,10 @@ _INT_FIELDS = {
 }
 _DEVICE_KEYS = _INT_FIELDS | HEALTH_KEYS | {"uuid", "name", "pci_bus_id", "processes", "not_supported",
                                             "xid_events", "mig_devices"}
-# memory_reserved_bytes is per handle: nvmlDeviceGetMemoryInfo answers on a MIG handle too.
+# memory_reserved_bytes is per handle (nvmlDeviceGetMemoryInfo answers on a MIG handle too); gpm is the GPU
+# instance's (nvmlGpmMigSampleGet), the same five ratios as a card's.
 _MIG_KEYS = {"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
-             "memory_used_bytes", "memory_reserved_bytes", "processes"}
+             "memory_used_bytes", "memory_reserved_bytes", "processes", "gpm"}
 # What a MIG device reads from its physical GPU (NVML answers these on the parent handle only).
 _MIG_FROM_PARENT = ("power_usage_milliwatts", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
                     "ecc_corrected_total", "ecc_uncorrected_total", "clocks_event_reasons", "health")
@@ -139,7 +141,7 @@ def _device(raw: object, index: int) -> tuple[ScenarioDevice, ...]:
     for k in ("utilization_gpu", "utilization_memory", "encoder_utilization", "decoder_utilization"):
         if ints.get(k, 0) > 100:
             raise ScenarioError(f"{where}.{k}: a percentage must be <= 100, got {ints[k]}")
-    _check_memory(ints, where)
+    check_memory(ints, where)
     not_supported = _not_supported(d.get("not_supported"), f"{where}.not_supported")
     processes = _processes(d.get("processes"), f"{where}.processes")
     for i, x in enumerate(as_list(d.get("xid_events"), f"{where}.xid_events")):
@@ -181,18 +183,10 @@ def _device(raw: object, index: int) -> tuple[ScenarioDevice, ...]:
     migs = as_list(d["mig_devices"], f"{where}.mig_devices")
     if not migs:
         raise ScenarioError(f"{where}.mig_devices: MIG mode with no MIG device; leave the key out instead")
-    return tuple(_mig_device(m, f"{where}.mig_devices[{j}]", sample, not_supported, lost_after)
-                 for j, m in enumerate(migs))
-
-
-def _check_memory(ints: Mapping[str, int], where: str) -> None:
-    total = ints.get("memory_total_bytes")
-    for k in ("memory_used_bytes", "memory_reserved_bytes"):
-        if total is not None and ints.get(k, 0) > total:
-            raise ScenarioError(f"{where}: {k} exceeds memory_total_bytes")
-    # NVML's v1 'used' includes the reserved memory (v2 splits them): used below reserved cannot be read
-    if ints.get("memory_used_bytes", 0) < ints.get("memory_reserved_bytes", 0) and "memory_used_bytes" in ints:
-        raise ScenarioError(f"{where}: memory_used_bytes is below memory_reserved_bytes (used includes reserved)")
+    out = tuple(_mig_device(m, f"{where}.mig_devices[{j}]", sample, not_supported, lost_after)
+                for j, m in enumerate(migs))
+    check_mig_gpm(d, migs, where)
+    return out
 
 
 def _reserved_default(sample: DeviceSample, not_supported: frozenset[str]) -> DeviceSample:
@@ -230,9 +224,9 @@ def _mig_device(raw: object, where: str, parent: DeviceSample, parent_not_suppor
     uuid = as_str(m["uuid"], f"{where}.uuid")
     if not uuid.startswith("MIG-"):
         raise ScenarioError(f"{where}.uuid: a MIG device uuid starts with MIG-, got {uuid!r}")
-    ints = {k: as_int(m[k], f"{where}.{k}") for k in _MIG_KEYS - {"uuid", "profile", "processes"}
+    ints = {k: as_int(m[k], f"{where}.{k}") for k in _MIG_KEYS - {"uuid", "profile", "processes", "gpm"}
             if m.get(k) is not None}
-    _check_memory(ints, where)
+    check_memory(ints, where)
     processes = _processes(m.get("processes"), f"{where}.processes")
     profile = as_str(m["profile"], f"{where}.profile")
     sample = DeviceSample(
@@ -244,6 +238,9 @@ def _mig_device(raw: object, where: str, parent: DeviceSample, parent_not_suppor
         compute_instance_id=ints.get("compute_instance_id"), mig_profile=profile,
         **{f: getattr(parent, f) for f in _MIG_FROM_PARENT},
     )
+    gpm = None if m.get("gpm") is None else parse_gpm(m["gpm"], f"{where}.gpm")
+    # the card's health but GPM, its GPU instance's: none where the card has none (not_supported)
+    sample = replace(sample, health=replace(sample.health, gpm=None if "gpm" in parent_not_supported else gpm))
     # NVML has neither device nor per-process utilization for MIG devices.
     not_supported = frozenset(parent_not_supported - {"memory"}) | {"process_utilization", "utilization"}
     return ScenarioDevice(_reserved_default(sample, not_supported - {"memory_reserved_bytes"}), processes,

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fake_nvml.checks import FakeNvmlError, as_int, as_seq, as_text, check_keys
-from tests.fake_nvml.health_config import HEALTH_KEYS, health_lines, reserved_lines
+from tests.fake_nvml.health_config import HEALTH_KEYS, gpm_lines, health_lines, reserved_lines
 
 SOURCE = Path(__file__).with_name("fake_nvml.c")
 LIBRARY_NAME = "libnvidia-ml.so.1"
@@ -53,7 +53,7 @@ _DEVICE_KEYS = frozenset(_DEVICE_INTS) | HEALTH_KEYS | {
 }
 # the keys of a MIG device, as exporter/node/simulate.py reads them
 _MIG_KEYS = frozenset({"uuid", "profile", "gpu_instance_id", "compute_instance_id", "memory_total_bytes",
-                       "memory_used_bytes", "memory_reserved_bytes", "processes"})
+                       "memory_used_bytes", "memory_reserved_bytes", "processes", "gpm"})
 _PROCESS_KEYS = frozenset({"pid", "used_memory_bytes", "sm_util", "cgroup", "type", "comm"})  # comm: /proc only
 _NVML_KEYS = frozenset({"init_failures", "init_delay_ms", "old_driver", "driver_version", "clock", "timestamps",
                         "growth_every_tick", "cuda_driver_version", "idle_after_ticks"})
@@ -165,9 +165,28 @@ def _device_lines(raw: object, index: int) -> list[str]:
         migs = as_seq(d["mig_devices"], f"{where}.mig_devices")
         if not migs:
             raise FakeNvmlError(f"{where}.mig_devices: MIG mode with no MIG device; leave the key out instead")
+        if _mig_gpm(d, migs, where):
+            lines.append("gpm")  # the card is GPM-capable: its GPU instances are sampled
         for j, m in enumerate(migs):
             lines.extend(_mig_lines(m, f"{where}.mig_devices[{j}]", d["name"]))
     return lines
+
+
+def _mig_gpm(d: Mapping[str, Any], migs: list[Any], where: str) -> bool:
+    """Whether a MIG card's GPU instances have GPM; the rules exporter/node/simulate.py applies too."""
+    if d.get("gpm") is not None:
+        raise FakeNvmlError(f"{where}: a GPU with mig_devices has its GPM on them (gpm: per MIG device)")
+    given = [m.get("gpm") is not None for m in migs if isinstance(m, Mapping)]
+    if any(given) and not all(given):
+        raise FakeNvmlError(f"{where}.mig_devices: gpm on every MIG device or on none (GPM is the card's)")
+    by_instance: dict[object, object] = {}
+    for j, m in enumerate(migs):
+        if isinstance(m, Mapping) and m.get("gpm") is not None:
+            if m.get("gpu_instance_id") is None:
+                raise FakeNvmlError(f"{where}.mig_devices[{j}]: gpm needs gpu_instance_id (GPM is per GPU instance)")
+            if by_instance.setdefault(m["gpu_instance_id"], m["gpm"]) != m["gpm"]:
+                raise FakeNvmlError(f"{where}.mig_devices[{j}]: MIG devices of one GPU instance share its gpm")
+    return any(given)
 
 
 def _mig_lines(raw: object, where: str, card_name: str) -> list[str]:
@@ -188,6 +207,7 @@ def _mig_lines(raw: object, where: str, card_name: str) -> list[str]:
         used = m["memory_used_bytes"]
         lines.append(f"memory_used_bytes {'NA' if used is None else as_int(used, f'{where}.memory_used_bytes')}")
     lines.extend(reserved_lines(m, where))
+    lines.extend(gpm_lines(m.get("gpm"), f"{where}.gpm"))
     lines.extend(_process_lines(m.get("processes"), f"{where}.processes"))
     return lines
 

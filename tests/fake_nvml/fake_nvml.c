@@ -194,7 +194,7 @@ typedef struct {
 #define DEFAULT_CUDA_DRIVER_VERSION 12040 /* CUDA 12.4, what driver 550 reports */
 #define CODEC_PERIOD_US 167000u
 #define NVLINK_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS of a 550 driver's nvml.h (pynvml 13 says 36) */
-#define MAX_GPM_SAMPLES 64
+#define MAX_GPM_SAMPLES 256 /* two per card or GPU instance: 8 cards x 7 instances fit */
 
 enum field {
     F_POWER,
@@ -360,7 +360,8 @@ struct fake_device {
     int have_gi, have_ci;
     unsigned int gi, ci; /* GPU instance id, compute instance id */
     unsigned long long probe_tick; /* MIG device: its card's tick after its latest utilization probe */
-    /* health (issue 18), the card's own: a MIG device has only memory_reserved_bytes */
+    /* health (issue 18), the card's own: a MIG device has only memory_reserved_bytes and the GPM
+       ratios of its GPU instance (nvmlGpmMigSampleGet) */
     struct nvlink nvlinks[NVLINK_MAX_LINKS]; /* by link index */
     int have_gpm;                            /* a "gpm" line: GPM-capable (Hopper and newer) */
     int have_metric[G_COUNT];
@@ -597,8 +598,8 @@ static int parse_line(struct config *c, char *key, char *rest) {
     if (d->is_mig && strcmp(key, "uuid") != 0 && strcmp(key, "name") != 0 &&
         strcmp(key, "memory_total_bytes") != 0 && strcmp(key, "memory_used_bytes") != 0 &&
         strcmp(key, "memory_reserved_bytes") != 0 && strcmp(key, "gpu_instance_id") != 0 && strcmp(key, "compute_instance_id") != 0 &&
-        strcmp(key, "process") != 0)
-        return -1; /* the rest of a MIG device's values are its card's */
+        strcmp(key, "process") != 0 && strcmp(key, "gpm") != 0 && strcmp(key, "gpm_metric") != 0)
+        return -1; /* the rest of a MIG device's values are its card's; gpm is its GPU instance's */
     if (strcmp(key, "gpu_instance_id") == 0 || strcmp(key, "compute_instance_id") == 0) {
         if (!d->is_mig)
             return -1;
@@ -1617,6 +1618,17 @@ static nvmlReturn_t gpm_check(void) {
     return cfg.old_driver ? NVML_ERROR_FUNCTION_NOT_FOUND : NVML_SUCCESS;
 }
 
+/* The MIG device of a card's GPU instance gi that carries its GPM ratios; NULL when there is none. */
+static struct fake_device *gpu_instance(const struct fake_device *card, unsigned int gi) {
+    unsigned int index = (unsigned int)(card - cfg.devices);
+    for (unsigned int i = 0; i < cfg.nmigs; i++) {
+        struct fake_device *m = &cfg.migs[i];
+        if (m->parent == index && m->have_gi && m->gi == gi)
+            return m;
+    }
+    return NULL;
+}
+
 /* isSupportedDevice 0 on a device without GPM (before Hopper); NOT_SUPPORTED on a MIG handle. */
 EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t h, nvmlGpmSupport_t *gpmSupport) {
     DEVICE_PROLOGUE(h, d);
@@ -1677,6 +1689,27 @@ EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t h, nvmlGpmSample_t gpmSample) 
     RETURN(NVML_SUCCESS);
 }
 
+/* A GPU instance's sample, on its card's handle (nvml.h: "for a MIG GPU Instance", Hopper and newer):
+   NOT_SUPPORTED on a card without GPM, INVALID_ARGUMENT for a MIG handle or a GPU instance id none of
+   the card's MIG devices has (MIG off included). The sample records the instance's MIG device. */
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t h, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample) {
+    DEVICE_PROLOGUE(h, d);
+    if (cfg.old_driver)
+        RETURN(NVML_ERROR_FUNCTION_NOT_FOUND);
+    struct fake_gpm_sample *s = lookup_sample(gpmSample);
+    if (s == NULL || d->is_mig)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpm_capable(d))
+        RETURN(NVML_ERROR_NOT_SUPPORTED);
+    struct fake_device *m = gpu_instance(d, gpuInstanceId);
+    if (m == NULL)
+        RETURN(NVML_ERROR_INVALID_ARGUMENT);
+    s->device = m;
+    s->tick = d->tick;
+    s->seq = ++gpm_seq;
+    RETURN(NVML_SUCCESS);
+}
+
 EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
     ENTER();
     nvmlReturn_t rc = gpm_check();
@@ -1690,9 +1723,9 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
     if (metricsGet->numMetrics > NVML_GPM_METRIC_MAX || s1 == NULL || s2 == NULL || s1->device == NULL ||
         s1->device != s2->device || s2->seq <= s1->seq)
         RETURN(NVML_ERROR_INVALID_ARGUMENT);
-    struct fake_device *d = s1->device;
-    d->calls++;
-    if (is_lost(d))
+    struct fake_device *d = s1->device; /* a card, or the MIG device of a GPU instance */
+    card_of(d)->calls++;
+    if (is_lost(card_of(d)))
         RETURN(NVML_ERROR_GPU_IS_LOST);
     for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
         nvmlGpmMetric_t *m = &metricsGet->metrics[i];

@@ -79,12 +79,18 @@ def health_lines(d: Mapping[str, Any], where: str) -> list[str]:
     lines = [f"{key} {as_int(d[key], f'{where}.{key}', top)}" for key, top in HEALTH_INTS.items()
              if d.get(key) is not None]
     lines.extend(_nvlink_lines(d.get("nvlinks"), f"{where}.nvlinks"))
-    if d.get("gpm") is not None:
-        gpm = check_keys(d["gpm"], frozenset(GPM_KEYS), f"{where}.gpm")
-        lines.append("gpm")  # GPM-capable, even with no metric given
-        lines.extend(f"gpm_metric {key} {as_ratio(gpm[key], f'{where}.gpm.{key}')!r}" for key in GPM_KEYS
-                     if gpm.get(key) is not None)
+    lines.extend(gpm_lines(d.get("gpm"), f"{where}.gpm"))
     return lines
+
+
+def gpm_lines(raw: object, where: str) -> list[str]:
+    """A card's (or a MIG device's GPU instance's) ``gpm`` mapping as lines; none for null."""
+    if raw is None:
+        return []
+    gpm = check_keys(raw, frozenset(GPM_KEYS), where)
+    # "gpm": GPM-capable, even with no metric given
+    return ["gpm", *(f"gpm_metric {key} {as_ratio(gpm[key], f'{where}.{key}')!r}" for key in GPM_KEYS
+                     if gpm.get(key) is not None)]
 
 
 def reserved_lines(d: Mapping[str, Any], where: str) -> list[str]:

@@ -23,6 +23,9 @@ place, with the same fields as the simulated node gives them.
   reasons and health are read once per cycle on the card and repeated on each of its MIG devices
   (a MIG device without values this cycle gets no health either); NVLink thus once per card, and
   the rows put a MIG card's links on the card (exporter/exposition/health_rows.py).
+* GPM is the exception: on a card in MIG mode each MIG device's ``health.gpm`` is its GPU instance's
+  (``nvmlGpmMigSampleGet``, once per instance and cycle, shared by its compute instances); the card's
+  own GPM is not read (no row stands for the card). Without GPM (before Hopper) it stays None.
 * A failing MIG call costs that field, or that MIG device when unexpected; ``GPU_IS_LOST`` from
   the card or any of its MIG devices marks the card lost, reported as its last known MIG devices,
   all lost (or as the card when none was ever found), re-probed with the card's backoff.
@@ -33,10 +36,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pynvml
 
-from exporter.model import NO_HEALTH, DeviceHealth, DeviceSample, NodeSample
+from exporter.model import NO_HEALTH, DeviceHealth, DeviceSample, GpmSample, NodeSample
 from exporter.node.nvml.errors import CallErrors, DeviceLost, capped_backoff, error_name
 from exporter.node.nvml.fields import FieldReader
 from exporter.node.nvml.health import HealthReader
@@ -182,6 +186,7 @@ class NvmlBackend:
         # Health first: a driver does not mind the order, and the fake's clock moves at the
         # utilization probe, so its energy counter then reads as the simulated node's.
         health = self._health.read(dev)
+        self._health.gpm.retain(dev.index, {None})  # out of MIG mode: its instances' buffers go
         return DeviceSample(
             index=dev.index,
             uuid=dev.uuid,
@@ -199,11 +204,14 @@ class NvmlBackend:
         card = self._fields.card_values(dev.handle)
         dev.migs = self._identity.enumerate_migs(dev)
         # once for the card, before its MIG devices as on a whole GPU; none to carry it: not read
-        health = self._health.read(dev) if dev.migs else NO_HEALTH
+        health = self._health.read(dev, card_gpm=False) if dev.migs else NO_HEALTH
+        gpm = self._instance_gpm(dev)
         samples = []
         for m in dev.migs:
+            # the card's health carries no GPM in MIG mode: a MIG device's is its GPU instance's
+            own = replace(health, gpm=gpm.get(m.gpu_instance_id)) if health is not NO_HEALTH else health
             try:
-                samples.append(self._read_mig(dev, m, card, health))
+                samples.append(self._read_mig(dev, m, card, own))
             except DeviceLost:
                 raise  # the whole card
             except Exception as e:  # a surprise on one MIG device costs only its values
@@ -211,11 +219,20 @@ class NvmlBackend:
                 samples.append(absent_mig(dev, m, lost=False))
         return tuple(samples)
 
+    def _instance_gpm(self, dev: Device) -> dict[int | None, GpmSample | None]:
+        """GPM of each GPU instance of the card's MIG devices this cycle (once per instance). Raises DeviceLost."""
+        for m in dev.migs:  # identity first: the GPU instance id names the GPM sample
+            if m.handle is not None and not m.identity_ok:
+                self._identity.read_mig_identity(m)
+        instances: set[int | None] = {m.gpu_instance_id for m in dev.migs
+                                      if m.handle is not None and m.gpu_instance_id is not None}
+        gpm = self._health.gpm
+        gpm.retain(dev.index, instances)  # instances destroyed (and the card's own) free their buffers
+        return {gi: gpm.read(dev.index, dev.handle, gi) for gi in sorted(i for i in instances if i is not None)}
+
     def _read_mig(self, dev: Device, m: Mig, card: dict[str, int | None], health: DeviceHealth) -> DeviceSample:
         if m.handle is None:
             return absent_mig(dev, m, lost=False)
-        if not m.identity_ok:
-            self._identity.read_mig_identity(m)
         return DeviceSample(
             index=dev.index,
             uuid=m.uuid,

@@ -15,6 +15,13 @@ A GPM metric is computed from two samples, so each device keeps two sample buffe
   held to 0..1.
 * The buffers are freed (``nvmlGpmSampleFree``) when the device is lost (:meth:`GpmReader.forget`) and
   on close, before nvmlShutdown; a lost device starts over when it is back.
+
+MIG (Hopper and newer): a card in MIG mode is sampled per GPU instance, ``nvmlGpmMigSampleGet(card,
+gpuInstanceId, buffer)`` on the card's handle, each instance with its own two buffers; support is the
+card's (``nvmlGpmQueryDeviceSupport`` asked on the card: it refuses a MIG handle). The compute
+instances of one GPU instance share its sample. :meth:`GpmReader.retain` frees the buffers of instances
+(or of the whole card) a cycle no longer reads: MIG devices come and go, and MIG mode can change. A
+driver without ``nvmlGpmMigSampleGet`` has no MIG GPM, which is not an error and is not asked again.
 """
 
 from __future__ import annotations
@@ -42,65 +49,91 @@ METRICS = (
 class _DeviceGpm:
     """GPM state of one device between cycles."""
 
-    supported: bool | None = None  # None: not known yet (not asked, or the answer failed)
     previous: Any = None  # the buffer holding last cycle's sample
     current: Any = None  # the buffer this cycle fills
     have_previous: bool = False  # ``previous`` holds a sample
 
 
+Key = tuple[int, int | None]  # (device index, GPU instance id; None: the whole card)
+
+
 class GpmReader:
-    """GPM ratios per device index; failures go to ``errors``. Raises only DeviceLost."""
+    """GPM ratios per device index (and GPU instance); failures go to ``errors``. Raises only DeviceLost."""
 
     def __init__(self, errors: CallErrors) -> None:
         """Count failed calls in ``errors``."""
         self._errors = errors
-        self._devices: dict[int, _DeviceGpm] = {}
+        self._devices: dict[Key, _DeviceGpm] = {}
+        self._support: dict[int, bool] = {}  # device index -> whether its card has GPM (absent: not known yet)
         self._no_gpm = False  # the driver predates the GPM calls
+        self._no_mig_gpm = False  # the driver lacks nvmlGpmMigSampleGet
 
-    def read(self, index: int, handle: Any) -> GpmSample | None:
-        """This cycle's ratios over the period since the last cycle; None without two samples."""
-        if self._no_gpm:
+    def read(self, index: int, handle: Any, gpu_instance: int | None = None) -> GpmSample | None:
+        """This cycle's ratios over the period since the last cycle; None without two samples.
+
+        ``handle`` is always the card's; ``gpu_instance`` names one of its GPU instances (MIG mode).
+        """
+        if self._no_gpm or (gpu_instance is not None and self._no_mig_gpm):
             return None
-        state = self._devices.setdefault(index, _DeviceGpm())
+        state = self._devices.setdefault((index, gpu_instance), _DeviceGpm())
         try:
-            if not self._ready(state, handle):
+            if not self._ready(index, state, handle):
                 return None
-            if self._call("nvmlGpmSampleGet", handle, state.current) is None:
+            if gpu_instance is None:
+                got = self._call("nvmlGpmSampleGet", handle, state.current)
+            else:
+                got = self._mig_sample(handle, gpu_instance, state.current)
+            if got is None:
                 return None  # the previous sample stays the base of the next period
             gpm = self._metrics(state) if state.have_previous else None
         except FunctionMissing:
-            self._no_gpm = True
-            self.close()
+            if gpu_instance is None:
+                self._no_gpm = True
+                self.close()
             return None
         state.previous, state.current = state.current, state.previous
         state.have_previous = True
         return gpm
 
+    def retain(self, index: int, gpu_instances: set[int | None]) -> None:
+        """Free the buffers of the card's instances (None: the card itself) not in ``gpu_instances``."""
+        for key in [k for k in self._devices if k[0] == index and k[1] not in gpu_instances]:
+            self._free(self._devices.pop(key))
+
     def forget(self, index: int) -> None:
-        """Free the device's buffers (it was lost); it starts over when it is back."""
-        state = self._devices.pop(index, None)
-        if state is not None:
-            self._free(state)
+        """Free the device's buffers, its instances' too (it was lost); it starts over when it is back."""
+        self._support.pop(index, None)
+        self.retain(index, set())
 
     def close(self) -> None:
         """Free every buffer; call before nvmlShutdown."""
-        for index in list(self._devices):
+        for index in {k[0] for k in self._devices} | set(self._support):
             self.forget(index)
 
     def _call(self, call: str, *args: Any) -> Any:
         return self._errors.call(call, *args, fallback=True)
 
-    def _ready(self, state: _DeviceGpm, handle: Any) -> bool:
-        """Whether the device has GPM and its two buffers. Raises FunctionMissing."""
-        if state.supported is None:
+    def _mig_sample(self, handle: Any, gpu_instance: int, buffer: Any) -> Any:
+        """``nvmlGpmMigSampleGet``; a driver without it has no MIG GPM (not an error): every instance freed."""
+        try:
+            return self._call("nvmlGpmMigSampleGet", handle, gpu_instance, buffer)
+        except FunctionMissing:
+            self._no_mig_gpm = True
+            for key in [k for k in self._devices if k[1] is not None]:
+                self._free(self._devices.pop(key))
+            raise
+
+    def _ready(self, index: int, state: _DeviceGpm, handle: Any) -> bool:
+        """Whether the card has GPM and ``state`` its two buffers. Raises FunctionMissing."""
+        if index not in self._support:
             errors_before = self._errors.events
-            support = self._call("nvmlGpmQueryDeviceSupport", handle)
-            if support is None:
+            answer = self._call("nvmlGpmQueryDeviceSupport", handle)
+            if answer is None:
                 if self._errors.events == errors_before:
-                    state.supported = False  # NotSupported: a definite answer
-                return False
-            state.supported = bool(support.isSupportedDevice)
-        if not state.supported:
+                    self._support[index] = False  # NotSupported: a definite answer
+                return False  # a failed answer (counted) is asked again next cycle
+            self._support[index] = bool(answer.isSupportedDevice)
+        if not self._support[index]:
             return False
         if state.current is None:
             state.current = self._call("nvmlGpmSampleAlloc")

@@ -17,7 +17,8 @@ GPM (``gpm.py``).
   clean search is kept for the session (a card's links do not come and go), so a card without
   NVLink costs that search once; a search with a counted failure is made again next cycle.
   Without ``nvlink`` (``--no-nvlink-metrics``) no NVLink call is made and ``nvlinks`` is empty.
-* MIG: the backend reads the card once per cycle and repeats its health on each MIG device.
+* MIG: the backend reads the card once per cycle and repeats its health on each MIG device, except
+  GPM: a card in MIG mode is sampled per GPU instance (``gpm.py``), each MIG device gets its own.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class HealthReader:
         self._missing: set[str] = set()  # calls whose symbol the driver lacks
         self._links: dict[int, tuple[int, ...]] = {}  # device index -> its links, once found cleanly
 
-    def read(self, dev: Device) -> DeviceHealth:
-        """The card's health this cycle (``dev`` is a physical GPU, in MIG mode or not)."""
+    def read(self, dev: Device, *, card_gpm: bool = True) -> DeviceHealth:
+        """The card's health this cycle (``dev`` is a physical GPU, in MIG mode or not); ``card_gpm``
+        False (MIG mode: GPM per GPU instance) leaves the card's own GPM unread."""
         h = dev.handle
         pstate = self._call("nvmlDeviceGetPerformanceState", h)
         single, double, retired_pending = self._retired_pages(h)
@@ -98,7 +100,7 @@ class HealthReader:
             remapped_rows_failure=_flag(remap_failure),
             power_violation_nanoseconds=self._violation(h, pynvml.NVML_PERF_POLICY_POWER),
             nvlinks=tuple(self._link(h, link, states, link_data[2 * i:2 * i + 2]) for i, link in enumerate(links)),
-            gpm=self.gpm.read(dev.index, h),
+            gpm=self.gpm.read(dev.index, h) if card_gpm else None,
         )
 
     def forget(self, index: int) -> None:
