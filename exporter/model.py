@@ -82,7 +82,8 @@ class DeviceHealth:
     """The card's health and power signals (read on the physical GPU, repeated on its MIG devices).
 
     ``None`` = not supported or not read this cycle; ``gpm`` is ``None`` where the device has no
-    GPM (before Hopper) or before the second sample, never zeros.
+    GPM (before Hopper) or before the second sample, never zeros. On a MIG device ``gpm`` is its
+    GPU instance's own (nvmlGpmMigSampleGet), not the card's.
     """
 
     energy_millijoules: int | None = None  # since driver load
