@@ -5,10 +5,10 @@ decoded clocks event reasons, NVLink and GPM, read from NVML without DCGM (docs/
 Pure: device samples in, ``prometheus_client`` families out, in base units. A field that is
 ``None`` (NotSupported, not read, lost GPU) has no row, never a 0; GPM families exist only where
 the device has GPM. A MIG device has rows under its own uuid carrying its card's values, as the
-backend repeats them on every MIG device, GPM aside (its GPU instance's own), except NVLink: the links belong to the physical card, so
-a MIG card's NVLink rows appear once, labelled as the card (its GPU uuid, minor number and name),
-taken from the first of its MIG devices that carries links (both backends give all of them the
-card's one reading).
+backend repeats them on every MIG device, GPM aside (its GPU instance's own), except NVLink: the
+links belong to the physical card, so a MIG card's NVLink rows appear once, labelled as the card
+(its GPU uuid, minor number and name), taken from the first of its MIG devices that carries links
+(both backends give all of them the card's one reading).
 """
 
 from __future__ import annotations
