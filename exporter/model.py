@@ -168,6 +168,10 @@ class NodeSample:
     # Cumulative error counts since start, keyed by (NVML call, error name).
     errors: Mapping[tuple[str, str], int] = field(default_factory=lambda: EMPTY)
     driver_version: str = ""
+    # card uuid -> whether NVML offers GPM (profiling) on it (nvmlGpmQueryDeviceSupport; for a MIG card its
+    # GPU instances' too), known from the first cycle on, while GPM values need two; a card not asked yet
+    # or whose answer failed is absent.
+    gpm_capable: Mapping[str, bool] = field(default_factory=lambda: EMPTY)
 
 
 @dataclass(frozen=True, slots=True)

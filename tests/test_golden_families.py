@@ -172,6 +172,18 @@ def test_every_golden_family_is_documented() -> None:
     assert not missing, f"served but not documented in docs/metrics.md: {missing}"
 
 
+def test_the_capability_matrix_names_served_families_only() -> None:
+    """docs/metrics.md's capability matrix: every family it names exactly is served (a rename shows here)."""
+    doc = (ROOT / "docs" / "metrics.md").read_text()
+    matrix = doc.split("## What each GPU serves: the capability matrix", 1)[1].split("\n## ", 1)[0]
+    table = matrix.split("| families |", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`((?:nvidia_gpu|DCGM_FI)_[a-z0-9_A-Z]+)`", table))
+    served = {line.split(" ")[0] for line in GOLDEN.read_text().splitlines() if not line.startswith("#")}
+    assert len(named) >= 10, sorted(named)  # the parser reads the table (names like `_used_bytes` are partial)
+    assert named <= served | {n + "_total" for n in served} | {n.removesuffix("_total") for n in served}, (
+        sorted(named - served))
+
+
 def test_the_parser_sees_renames() -> None:
     """The comparison is by name: a renamed family is one line gone and one new."""
     before = served('# TYPE a_total counter\na_total{x="1"} 1\n')

@@ -30,6 +30,7 @@ from exporter.shell.config import load_config
 from exporter.shell.logging_setup import JsonFormatter, StateLog
 from exporter.shell.sources import PodResourcesSource, XidSource, pod_resources_state
 from exporter.shell.status import CycleMonitor, XidLog
+from exporter.shell.summary import profiling_text
 from exporter.xid.stats import XidStats
 from tests.http_support import AppClient
 from tests.integration_support import PodResourcesServer, free_port, poll
@@ -116,13 +117,38 @@ def test_one_summary_line_after_the_first_cycle(caplog: pytest.LogCaptureFixture
         assert len(lines) == 1, lines
         (line,) = lines
         for part in ("on node gpu-node-mig-1", "driver ", "NVML ", "2 GPUs (2x NVIDIA A100-SXM4-80GB)",
-                     "MIG on 1 of them (3 MIG devices)", "sharing: nvidia", "pod watch: scenario (3 pods)",
+                     "MIG on 1 of them (3 MIG devices)",
+                     "profiling (GPM): unavailable on this node (NVML offers it on Hopper and newer only)",
+                     "sharing: nvidia", "pod watch: scenario (3 pods)",
                      "pod-resources: scenario", "kernel log: off (--no-xid)"):
             assert part in line, (part, line)
         daemon.sampler.run_once()
         assert sum("on node" in r.getMessage() for r in caplog.records) == 1  # once, not every cycle
     finally:
         daemon.close()
+
+
+@pytest.mark.parametrize(("scenario", "says"), [
+    ("mig-h100-node.yaml", "profiling (GPM): available; sharing:"),
+    ("mixed-4gpu-node.yaml", "profiling (GPM): unavailable on this node"),
+])
+def test_summary_says_whether_the_node_has_profiling(caplog: pytest.LogCaptureFixture, scenario: str,
+                                                     says: str) -> None:
+    caplog.set_level(logging.INFO)
+    daemon = build_daemon(load_config(["--simulate", str(ROOT / "examples" / scenario), "--no-xid"], environ={}))
+    try:
+        daemon.start()
+        assert records(caplog, logging.INFO, says), caplog.text
+    finally:
+        daemon.close()
+
+
+def test_profiling_text_counts_the_gpus_with_gpm() -> None:
+    assert profiling_text({}) == "profiling (GPM): unknown"  # NVML has not answered for any card yet
+    assert profiling_text({"GPU-a": True, "GPU-b": True}) == "profiling (GPM): available"
+    assert profiling_text({"GPU-a": True, "GPU-b": False, "GPU-c": False}) == (
+        "profiling (GPM): available on 1 of 3 GPUs")
+    assert profiling_text({"GPU-a": False}).startswith("profiling (GPM): unavailable on this node")
 
 
 def test_summary_names_the_sharing_scheme_of_the_pods(caplog: pytest.LogCaptureFixture) -> None:

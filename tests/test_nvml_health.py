@@ -460,6 +460,7 @@ def test_mig_devices_on_hopper_carry_their_gpu_instance_gpm(nvml: Harness) -> No
         assert fake.calls("nvmlGpmSampleGet") == cycle  # the whole card only: a MIG card's own is not read
     assert fake.calls("nvmlGpmSampleAlloc") == 2 * 4  # two buffers per instance and per whole card, reused
     assert dict(s.errors) == {}
+    assert s.gpm_capable == simulated.sample().gpm_capable == {d["uuid"]: True for d in doc["devices"]}
     backend.close()
     assert fake.calls("nvmlGpmSampleFree") == 8
 
@@ -485,6 +486,7 @@ def test_a100_mig_devices_have_no_gpm_and_nothing_is_counted(nvml: Harness) -> N
     assert fake.calls("nvmlGpmMigSampleGet") == 0  # the card said isSupportedDevice 0, asked once
     assert fake.calls("nvmlGpmQueryDeviceSupport") == 2
     assert dict(s.errors) == {}
+    assert s.gpm_capable == {d["uuid"]: False for d in mig_scenario()["devices"]}  # known at once: the summary's
 
 
 def test_destroyed_gpu_instances_free_their_buffers(nvml: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -516,4 +518,5 @@ def test_a_driver_without_gpm_mig_sampling_is_not_an_error(nvml: Harness, monkey
         s = backend.sample()
     assert [d.health.gpm is None for d in s.devices] == [True, True, True, False]  # the whole card keeps its GPM
     assert dict(s.errors) == {}
+    assert list(s.gpm_capable.values()) == [False, True]
     assert fake.calls("nvmlGpmSampleFree") == 2  # the first instance's pair, given back at once

@@ -358,8 +358,11 @@ class SimulatedBackend:
             ts = self._tick * TICK_US
             samples = tuple(UtilSample(p.pid, ts, p.sm_util) for p in sd.processes if p.sm_util > 0)
             devices.append(replace(sd.sample, health=health, util_samples=samples))
+        # a card has GPM where its scenario gives it (on its MIG devices: all or none)
+        gpm = {sd.sample.parent_uuid or sd.sample.uuid: sd.sample.health.gpm is not None
+               for sd in self._scenario.devices}
         return NodeSample(timestamp=self._clock(), devices=tuple(devices), nvml_up=True,
-                          driver_version="simulated")
+                          driver_version="simulated", gpm_capable=gpm)
 
     def close(self) -> None:
         """Nothing to release."""

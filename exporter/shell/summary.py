@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from exporter.model import DeviceSample
 from exporter.pipeline.cycle import Pipeline
@@ -24,6 +24,17 @@ def gpus_text(devices: Sequence[DeviceSample]) -> str:
     if migs:
         return text + f", MIG on {len(migs)} of them ({sum(migs.values())} MIG devices)"
     return text + ", MIG off"
+
+
+def profiling_text(gpm_capable: Mapping[str, bool]) -> str:
+    """Whether the GPUs offer GPM (profiling: the ``*_ratio`` families and ``DCGM_FI_PROF_*``): NVML has
+    it on Hopper and newer only, so on an older node those panels stay empty by design."""
+    n, on = len(gpm_capable), sum(gpm_capable.values())
+    if not n:
+        return "profiling (GPM): unknown"
+    if not on:
+        return "profiling (GPM): unavailable on this node (NVML offers it on Hopper and newer only)"
+    return "profiling (GPM): available" + ("" if on == n else f" on {on} of {n} GPUs")
 
 
 def nvml_version(simulated: bool) -> str:
@@ -66,7 +77,8 @@ def pods_text(cfg: Config, pipeline: Pipeline) -> str:
 
 
 def startup_summary(cfg: Config, node: str, pipeline: Pipeline, kernel_log: str) -> str:
-    """One line: version, driver and NVML, GPUs and MIG, sharing schemes, pods, pod-resources, kernel log."""
+    """One line: version, driver and NVML, GPUs and MIG, profiling, sharing schemes, pods, pod-resources,
+    kernel log."""
     from exporter import __version__
 
     sample = pipeline.last_sample
@@ -74,6 +86,7 @@ def startup_summary(cfg: Config, node: str, pipeline: Pipeline, kernel_log: str)
     if sample is not None and sample.nvml_up:
         parts.append(f"driver {sample.driver_version or 'unknown'}, NVML {nvml_version(bool(cfg.simulate))}")
         parts.append(gpus_text(sample.devices))
+        parts.append(profiling_text(sample.gpm_capable))
     else:
         parts.append("NVML down (see the error above): no GPUs seen")
     parts.append(f"sharing: {schemes_text(pipeline)}")

@@ -100,6 +100,7 @@ class NvmlBackend:
                 duration_seconds=max(0.0, self._clock() - start),
                 errors=self._errors.snapshot(),
                 driver_version=self._driver_version,
+                gpm_capable=self._gpm_capable(),
             )
 
     def close(self) -> None:
@@ -113,6 +114,15 @@ class NvmlBackend:
                     pynvml.nvmlShutdown()
                 except Exception as e:
                     self._errors.count("nvmlShutdown", error_name(e))
+
+    def _gpm_capable(self) -> dict[str, bool]:
+        """card uuid -> whether it has GPM, for the cards whose answer is known."""
+        out = {}
+        for dev in self._devices:
+            known = self._health.gpm.supported(dev.index, mig=dev.mig_mode and bool(dev.migs))
+            if dev.uuid and known is not None:
+                out[dev.uuid] = known
+        return out
 
     # ---- init ----------------------------------------------------------------------------
 

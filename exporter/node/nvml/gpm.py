@@ -95,6 +95,12 @@ class GpmReader:
         state.have_previous = True
         return gpm
 
+    def supported(self, index: int, *, mig: bool = False) -> bool | None:
+        """Whether the card at ``index`` has GPM (``mig``: per GPU instance too); None: not known yet."""
+        if self._no_gpm or (mig and self._no_mig_gpm):
+            return False
+        return self._support.get(index)
+
     def retain(self, index: int, gpu_instances: set[int | None]) -> None:
         """Free the buffers of the card's instances (None: the card itself) not in ``gpu_instances``."""
         for key in [k for k in self._devices if k[0] == index and k[1] not in gpu_instances]:
