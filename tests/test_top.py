@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -310,6 +311,8 @@ PROM = {
     "cluster_total": _vector(({}, 500),),
     "idle": _vector(({"node_name": "gpu-b", "namespace_name": "batch", "pod_name": "nightly-eval-0",
                       "container_name": "eval"}, 100),),
+    "unknown": _vector(({"node_name": "gpu-a", "namespace_name": "research", "pod_name": "mig-train-0",
+                         "container_name": "trainer"}, 100),),
 }
 
 
@@ -352,7 +355,8 @@ def prometheus() -> Iterator[FakePrometheus]:
 def test_cluster_rows(prometheus: FakePrometheus) -> None:
     from exporter.top.prom import build_cluster_view, fetch_cluster
     view = build_cluster_view(fetch_cluster(prometheus.url, 2))
-    assert view.header == "cluster: 5 healthy GPUs | used 32% | allocated 84% | 1 idle allocations"
+    assert view.header == ("cluster: 5 healthy GPUs | used 32% | allocated 84% | 1 idle allocations"
+                           " | 1 with use unknown (no utilisation from NVML)")
     assert view.message == ""
     assert view.workloads == [("ml", "Deployment", "trainer", "93", "60.0"),
                               ("serving", "Deployment", "infer-a", "22", "-")]
@@ -360,7 +364,48 @@ def test_cluster_rows(prometheus: FakePrometheus) -> None:
     assert view.nodes == [("gpu-a", "4", "160", "320", "50", "100.0", "200.0"),
                           ("gpu-b", "1", "0", "100", "0", "-", "-")]
     assert view.idle == [("gpu-b", "batch", "nightly-eval-0", "eval", "100")]
+    assert view.unknown == [("gpu-a", "research", "mig-train-0", "trainer", "100")]  # not counted idle
     assert "no kube-gpu-exporter recorded series" in build_cluster_view({}).message
+    assert "use unknown" not in build_cluster_view({}).header  # said only where there is one
+
+
+@pytest.mark.e2e
+def test_cluster_view_tells_idle_from_use_unknown_on_real_prometheus(tmp_path: Path) -> None:
+    """The recorded series of two simulated nodes in a real Prometheus: the A100's MIG holders have no usage
+    series (NVML has no MIG utilization before Hopper): use unknown, not idle; its notebook at 0% is idle;
+    the H100's MIG holders have their GPU instance's GPM, so they are neither."""
+    from exporter.bundle.rules import RuleOptions, render_rules
+    from exporter.top.prom import build_cluster_view, fetch_cluster
+    from tests.prom_support import PROMETHEUS, poll, query, run_prometheus, start_exporter, stop
+
+    assert Path(PROMETHEUS).exists(), "Prometheus server missing: apt-get install prometheus"
+    doc = yaml.safe_load(MIG.read_text())
+    whole = doc["devices"][1]
+    whole["utilization_gpu"] = 0
+    whole["processes"][0]["sm_util"] = 0
+    a100 = tmp_path / "mig-a100-idle.yaml"
+    a100.write_text(yaml.safe_dump(doc))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs, addresses = [], []
+    try:
+        for scenario, node in ((a100, "gpu-node-mig-1"), (ROOT / "examples" / "mig-h100-node.yaml",
+                                                          "gpu-node-mig-h100")):
+            proc, address = start_exporter(scenario, node, logs, "--no-xid", "--interval", "0.2")
+            procs.append(proc)
+            addresses.append(address)
+        prom, base = run_prometheus(tmp_path, render_rules(RuleOptions(interval="1s")), [{"targets": addresses}])
+        procs.append(prom)
+        assert poll(lambda: len(query(base, "k8s_container_gpu_request")) == 6, deadline_s=60)
+        assert poll(lambda: len(query(base, "k8s_container_gpu_used")) == 4, deadline_s=30)
+        view = build_cluster_view(fetch_cluster(base, 5))
+        assert view.idle == [("gpu-node-mig-1", "research", "notebook-ana", "lab", "100")]
+        assert view.unknown == [("gpu-node-mig-1", "research", "train-large-0", "trainer", "100"),
+                                ("gpu-node-mig-1", "serving", "infer-small-6d5c4b3a2-xk2lp", "server", "100")]
+        assert "| 1 idle allocations | 2 with use unknown" in view.header
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
 
 
 @pytest.mark.e2e

@@ -17,6 +17,7 @@ from exporter.top.rows import GIB, FetchError, Row, get_body
 
 TOP = 10  # rows per ranking
 IDLE_BELOW = 1.0  # % of one GPU: an allocated container using less is idle
+_CONTAINER = "on(node_name, namespace_name, pod_name, container_name)"
 
 QUERIES: dict[str, str] = {
     "workload_used": "k8s_workload_gpu_used",
@@ -31,8 +32,10 @@ QUERIES: dict[str, str] = {
     "cluster_used": "k8s_cluster_rate_gpu_used_cluster",
     "cluster_request": "k8s_cluster_rate_gpu_request_cluster",
     "cluster_total": "k8s_cluster_gpu_total",
-    "idle": f"(k8s_container_gpu_request > 0) unless on(node_name, namespace_name, pod_name, container_name)"
-            f" (k8s_container_gpu_used >= {IDLE_BELOW})",
+    # Idle: a usage series, below the threshold, as KubeGpuAllocatedIdle reads it. No usage series at all is
+    # not idle but unknown: NVML has no utilization for it (a MIG device before Hopper, NotSupported).
+    "idle": f"(k8s_container_gpu_request > 0) and {_CONTAINER} (k8s_container_gpu_used < {IDLE_BELOW})",
+    "unknown": f"(k8s_container_gpu_request > 0) unless {_CONTAINER} k8s_container_gpu_used",
 }
 
 WORKLOAD_COLUMNS: Row = ("Namespace", "Kind", "Workload", "GPU used %", "Memory GiB")
@@ -53,6 +56,7 @@ class ClusterView:
     namespaces: list[Row] = field(default_factory=list)
     nodes: list[Row] = field(default_factory=list)
     idle: list[Row] = field(default_factory=list)
+    unknown: list[Row] = field(default_factory=list)  # allocations without a usage series (IDLE_COLUMNS)
 
 
 def query(base: str, promql: str, timeout: float) -> list[tuple[dict[str, str], float]]:
@@ -101,16 +105,22 @@ def build_cluster_view(results: Results) -> ClusterView:
                                                                              "namespace_name")
     namespaces = [(*k, _num(ns_used[k]), _num(ns_mem.get(k, math.nan) / GIB, 1)) for k in _ranked(ns_used)]
     nodes = _node_rows(results)
-    idle = sorted((m.get("node_name", ""), m.get("namespace_name", ""), m.get("pod_name", ""),
-                   m.get("container_name", ""), _num(v)) for m, v in results.get("idle", []))
+    idle, unknown = (_allocations(results, name) for name in ("idle", "unknown"))
     total = sum(v for _, v in results.get("cluster_total", []))
     used = [v for _, v in results.get("cluster_used", [])]
     request = [v for _, v in results.get("cluster_request", [])]
     header = (f"cluster: {_num(total / 100)} healthy GPUs | used {_num(sum(used) / len(used) if used else None)}%"
-              f" | allocated {_num(sum(request) / len(request) if request else None)}% | {len(idle)} idle allocations")
+              f" | allocated {_num(sum(request) / len(request) if request else None)}% | {len(idle)} idle allocations"
+              + (f" | {len(unknown)} with use unknown (no utilisation from NVML)" if unknown else ""))
     message = "" if total or nodes else "no kube-gpu-exporter recorded series in this Prometheus (docs/rules.md)"
     return ClusterView(header=header, message=message, workloads=workloads, namespaces=namespaces, nodes=nodes,
-                       idle=idle)
+                       idle=idle, unknown=unknown)
+
+
+def _allocations(results: Results, name: str) -> list[Row]:
+    """Rows of IDLE_COLUMNS: the allocations one query returned, sorted."""
+    return sorted((m.get("node_name", ""), m.get("namespace_name", ""), m.get("pod_name", ""),
+                   m.get("container_name", ""), _num(v)) for m, v in results.get(name, []))
 
 
 def _node_rows(results: Results) -> list[Row]:
