@@ -347,3 +347,18 @@ def test_every_series_is_documented() -> None:
     table = section.split("| series |", 1)[1].split("\n\n", 1)[0]
     assert set(re.findall(r"`(DCGM_FI_\w+)`", table)) == set(FAMILY_NAMES)
     assert all(f"`{name}`" in section for name in (*BASE_LABELS, *MIG_LABELS))
+
+
+def test_compute_instances_of_one_gpu_instance_serve_one_series() -> None:
+    """Two MIG devices (compute instances) of one GPU instance, nobody holding them: the same GPU_I_ID, the
+    same memory and GPM; served once, as a series twice in one scrape is refused."""
+    gpm = DeviceHealth(gpm=GpmSample(sm_active=0.5))
+    migs = tuple(DeviceSample(index=0, uuid=f"MIG-{ci}", name="NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb",
+                              parent_uuid="GPU-card", gpu_instance_id=2, compute_instance_id=ci,
+                              mig_profile="1c.3g.40gb", memory_total_bytes=40 << 30, memory_used_bytes=0,
+                              health=gpm) for ci in (0, 1))
+    attr = NodeAttribution(tuple(DeviceAttribution(d, NONE, (), (), ()) for d in migs), (), (), {})
+    fams = {f.name: f for f in dcgm_families(attr, NodeSample(1.0, migs), "h")}
+    for name in ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_FB_TOTAL"):
+        assert len(fams[name].samples) == 1, fams[name].samples
+    assert fams["DCGM_FI_PROF_SM_ACTIVE"].samples[0].labels["GPU_I_ID"] == "2"

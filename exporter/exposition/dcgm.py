@@ -160,14 +160,23 @@ def _holders(attr: NodeAttribution) -> dict[str, tuple[str, str, str]]:
 
 
 class _Out:
-    """Families by name, in first-use order; dcgm-exporter's counters keep their bare names."""
+    """Families by name, in first-use order; dcgm-exporter's counters keep their bare names.
+
+    A label set is served once: the compute instances of one GPU instance, unheld (or held by one
+    container), carry the same labels (``GPU_I_ID`` names the GPU instance) and the same values (its
+    memory, its GPM), and a scrape with a series twice is refused by Prometheus."""
 
     def __init__(self) -> None:
         self.fams: dict[str, Metric] = {}
+        self._seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
 
     def add(self, name: str, kind: str, doc: str, labels: Labels, value: float | None) -> None:
         if value is None:
             return  # not supported or not read: no series rather than a made-up 0
+        key = (name, tuple(labels.items()))
+        if key in self._seen:
+            return
+        self._seen.add(key)
         fam = self.fams.get(name)
         if fam is None:
             # Metric (not CounterMetricFamily) keeps the name; snapshot.render adds no _total to it.
