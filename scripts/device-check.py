@@ -8,7 +8,8 @@ It needs only the exporter's runtime modules (no cluster, no compiler, no CUDA t
    then reads every health call (issue 18: energy, power limit, fan, P-state, memory temperature,
    reserved memory, PCIe, retired pages, row remapping, NVLink per link, GPM) straight through
    pynvml, each on its own, prints each answer, and checks that the backend's DeviceSample.health
-   has a value exactly where the direct read has one (and GPM ratios from the second cycle on);
+   has a value exactly where the direct read has one (and GPM ratios from the second cycle on; a card
+   in MIG mode is sampled per GPU instance, nvmlGpmMigSampleGet, as the backend does);
 2. starts a GPU load in a child process through the CUDA driver API (ctypes on libcuda.so.1, a
    PTX spin kernel JIT-compiled by the driver) and checks that the backend sees the child's pid
    with memory and, over the following cycles, SM utilization samples that are returned once
@@ -265,12 +266,19 @@ def _direct_links(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _direct_gpm(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
-    """Two GPM samples half a second apart and the five metrics between them (GPM devices only)."""
+def _direct_gpm(pynvml: Any, h: Any, gi: int | None = None) -> dict[str, dict[str, Any]]:
+    """Two GPM samples half a second apart and the five metrics between them (GPM devices only); with ``gi``
+    of that GPU instance of the card in MIG mode (nvmlGpmMigSampleGet), each key suffixed with it."""
     from exporter.node.nvml.gpm import METRICS
 
     out: dict[str, dict[str, Any]] = {}
     buffers: list[Any] = []
+    get_call = "nvmlGpmSampleGet" if gi is None else "nvmlGpmMigSampleGet"
+
+    def sample(buffer: Any) -> str:
+        if gi is None:
+            return pynvml.nvmlGpmSampleGet(h, buffer) and "ok"
+        return pynvml.nvmlGpmMigSampleGet(h, gi, buffer) and "ok"
 
     def alloc() -> str:
         buffers.append(pynvml.nvmlGpmSampleAlloc())
@@ -281,9 +289,9 @@ def _direct_gpm(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
         out["nvmlGpmSampleAlloc (second)"] = _read(alloc)
         if len(buffers) < 2:
             return out
-        out["nvmlGpmSampleGet"] = _read(lambda: pynvml.nvmlGpmSampleGet(h, buffers[0]) and "ok")
+        out[get_call] = _read(lambda: sample(buffers[0]))
         time.sleep(0.5)
-        out["nvmlGpmSampleGet (second)"] = _read(lambda: pynvml.nvmlGpmSampleGet(h, buffers[1]) and "ok")
+        out[f"{get_call} (second)"] = _read(lambda: sample(buffers[1]))
         get = pynvml.c_nvmlGpmMetricsGet_t()
         get.version, get.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, len(METRICS)
         get.sample1, get.sample2 = buffers
@@ -299,7 +307,7 @@ def _direct_gpm(pynvml: Any, h: Any) -> dict[str, dict[str, Any]]:
     finally:
         for buffer in buffers:
             out.setdefault("nvmlGpmSampleFree", _read(lambda b=buffer: pynvml.nvmlGpmSampleFree(b) or "ok"))
-    return out
+    return out if gi is None else {f"{k} (GPU instance {gi})": v for k, v in out.items()}
 
 
 def _health_mismatches(direct: dict[str, dict[str, Any]], rows: list[Any]) -> list[str]:
@@ -342,7 +350,11 @@ def health_checks(first: Any, second: Any, report: dict[str, Any], check: Any) -
             uuid = pynvml.nvmlDeviceGetUUID(h)
             direct = _direct_card(pynvml, h) | _direct_links(pynvml, h)
             if direct["nvmlGpmQueryDeviceSupport"].get("value") == 1:
-                direct |= _direct_gpm(pynvml, h)
+                # in MIG mode per GPU instance, as the backend reads it; else the card's
+                instances = sorted({d.gpu_instance_id for d in second.devices
+                                    if d.parent_uuid == uuid and d.gpu_instance_id is not None})
+                for gi in instances or [None]:
+                    direct |= _direct_gpm(pynvml, h, gi)
             report["health_direct"][uuid] = direct
             for name, answer in direct.items():
                 print(f"  {uuid} {name}: {answer.get('value', answer.get('error'))}", flush=True)

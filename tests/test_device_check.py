@@ -71,3 +71,22 @@ def test_device_check_reads_every_health_call_and_checks_the_backend_against_it(
     assert len(report["sample_seconds"]) == 2
     second = {d["uuid"]: d for d in report["samples"][1]}
     assert second[H100["uuid"]]["health"]["gpm"]["sm_active"] == 0.5  # the backend's second cycle
+
+
+def test_device_check_reads_gpm_per_gpu_instance_on_a_hopper_mig_card(lib: Path, tmp_path: Path) -> None:
+    """examples/mig-h100-node.yaml: the check samples each GPU instance straight (nvmlGpmMigSampleGet) as the
+    backend does, and every check holds."""
+    scenario = yaml.safe_load((ROOT / "examples" / "mig-h100-node.yaml").read_text())
+    env = subprocess_env(lib.parent, write_config(scenario, tmp_path / "fake.conf"))
+    env["OUT"] = str(tmp_path / "out")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "device-check.py"), "--no-load"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads((tmp_path / "out" / "device-check.json").read_text())
+    assert all(c["ok"] for c in report["checks"].values()), report["checks"]
+    card = report["health_direct"][scenario["devices"][0]["uuid"]]
+    assert card["gpm sm_active (percent) (GPU instance 2)"]["value"] == pytest.approx(81.0)
+    assert card["gpm sm_active (percent) (GPU instance 9)"] == {"value": 0.0}
+    assert "nvmlGpmSampleGet" not in card  # a MIG card's own GPM is not what the backend reads
+    whole = report["health_direct"][scenario["devices"][1]["uuid"]]
+    assert whole["gpm sm_active (percent)"]["value"] == pytest.approx(58.0)  # ratio x 100 in a double
