@@ -302,3 +302,26 @@ def test_the_health_node_scenario_has_what_its_header_promises() -> None:
     migs = [d for d in devices if d.parent_uuid]
     assert len(migs) == 2 and migs[0].health == migs[1].health and migs[0].health.energy_millijoules
     assert by_minor[10].health.retired_pages_pending == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.booleans(), st.lists(st.tuples(st.booleans(), st.sampled_from([None, 1, 2]), st.sampled_from([0.25, 0.5])),
+                               min_size=1, max_size=4))
+def test_the_simulated_node_and_the_fake_agree_on_mig_gpm(card_gpm: bool, migs: list[tuple[bool, int | None, float]]
+                                                          ) -> None:
+    """Any placement of gpm on a MIG card: both parsers accept it, or both refuse it with the same one line."""
+    from tests.fake_nvml import FakeNvmlError, config_text
+
+    entries = [{"uuid": f"MIG-{j}", "profile": "1g.10gb", **({} if gi is None else {"gpu_instance_id": gi}),
+                **({"gpm": {"sm_active": r}} if has else {})} for j, (has, gi, r) in enumerate(migs)]
+    doc = doc_with(**({"gpm": {"sm_active": 0.5}} if card_gpm else {}), mig_devices=entries)
+    simulated = fake = None
+    try:
+        parse_scenario(copy.deepcopy(doc))
+    except ScenarioError as e:
+        simulated = str(e)
+    try:
+        config_text(copy.deepcopy(doc))
+    except FakeNvmlError as e:
+        fake = str(e)
+    assert simulated == fake

@@ -165,10 +165,10 @@ def _device_lines(raw: object, index: int) -> list[str]:
         migs = as_seq(d["mig_devices"], f"{where}.mig_devices")
         if not migs:
             raise FakeNvmlError(f"{where}.mig_devices: MIG mode with no MIG device; leave the key out instead")
-        if _mig_gpm(d, migs, where):
+        mig_lines = [line for j, m in enumerate(migs) for line in _mig_lines(m, f"{where}.mig_devices[{j}]", d["name"])]
+        if _mig_gpm(d, migs, where):  # after the MIG devices' own checks: their values are known good
             lines.append("gpm")  # the card is GPM-capable: its GPU instances are sampled
-        for j, m in enumerate(migs):
-            lines.extend(_mig_lines(m, f"{where}.mig_devices[{j}]", d["name"]))
+        lines.extend(mig_lines)
     return lines
 
 
@@ -176,12 +176,12 @@ def _mig_gpm(d: Mapping[str, Any], migs: list[Any], where: str) -> bool:
     """Whether a MIG card's GPU instances have GPM; the rules exporter/node/simulate.py applies too."""
     if d.get("gpm") is not None:
         raise FakeNvmlError(f"{where}: a GPU with mig_devices has its GPM on them (gpm: per MIG device)")
-    given = [m.get("gpm") is not None for m in migs if isinstance(m, Mapping)]
+    given = [m.get("gpm") is not None for m in migs]
     if any(given) and not all(given):
         raise FakeNvmlError(f"{where}.mig_devices: gpm on every MIG device or on none (GPM is the card's)")
     by_instance: dict[object, object] = {}
     for j, m in enumerate(migs):
-        if isinstance(m, Mapping) and m.get("gpm") is not None:
+        if m.get("gpm") is not None:
             if m.get("gpu_instance_id") is None:
                 raise FakeNvmlError(f"{where}.mig_devices[{j}]: gpm needs gpu_instance_id (GPM is per GPU instance)")
             if by_instance.setdefault(m["gpu_instance_id"], m["gpm"]) != m["gpm"]:
