@@ -259,9 +259,7 @@ def _subsystems(view: Mapping[str, Any]) -> Iterator[Problem]:
             yield _problem("warning", kind, None, f"{what} is degraded: {_text(state.get('state'))}", action)
     age = _num(view.get("snapshot_age_seconds"))
     if age is not None and age > judge.SNAPSHOT_STALE_SECONDS:
-        yield _problem("warning", "snapshot_stale", None, f"The snapshot is {age:.0f} s old: the values are stale",
-                       "Check the exporter's logs for a stuck or failing sampling cycle",
-                       "KubeGpuExporterSnapshotStale")
+        yield stale_problem(f"{age:.0f}")
     failures = _num(sampler.get("sample_failures_total"))
     if failures:
         yield _problem("info", "sample_failures", None, f"{failures:.0f} sampling cycle(s) failed since start",
@@ -272,7 +270,14 @@ def _subsystems(view: Mapping[str, Any]) -> Iterator[Problem]:
                        "See the exporter's logs for the error")
 
 
-def _order(p: Problem) -> tuple:
+def stale_problem(age: str) -> Problem:
+    """The snapshot is ``age`` seconds old (the text given: the stored status page puts its age in per request)."""
+    return _problem("warning", "snapshot_stale", None, f"The snapshot is {age} s old: the values are stale",
+                    "Check the exporter's logs for a stuck or failing sampling cycle", "KubeGpuExporterSnapshotStale")
+
+
+def order(p: Problem) -> tuple:
+    """The sort key of the problems: severity, kind, GPU, pod, text."""
     minor = p.get("minor")
     return (SEVERITIES.index(p["severity"]), KIND_ORDER.get(p["kind"], len(KIND_ORDER)),
             minor if minor is not None else math.inf,
@@ -300,7 +305,7 @@ def find_problems(view: Mapping[str, Any], now: float) -> list[Problem]:
             found += _device(inst, now, card=False)
     for x in _list(view.get("other_xids")):
         found += _xids({"uuid": x.get("uuid"), "minor": None, "model": "unknown", "xids": [x]}, now)
-    return sorted(found, key=_order)
+    return sorted(found, key=order)
 
 
 def counts(problems: list[Mapping[str, Any]]) -> dict[str, int]:

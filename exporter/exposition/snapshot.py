@@ -15,10 +15,14 @@ import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
 from exporter.model import EMPTY, DeviceSample
+
+if TYPE_CHECKING:
+    from exporter.exposition.status_page import StatusPage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 AGE_FAMILY = "kube_gpu_exporter_snapshot_age_seconds"
@@ -40,6 +44,9 @@ class Snapshot:
     status: Mapping[str, object] = field(default_factory=lambda: EMPTY)
     # Set by a failed cycle (the tree above is the last good cycle's): the failure count to show with it.
     sample_failures_total: int | None = None
+    # ``/status.json`` and ``/`` of that tree, rendered once (exporter/exposition/status_page.py); None before
+    # the first cycle
+    page: StatusPage | None = None
 
 
 def go_float(value: float) -> str:

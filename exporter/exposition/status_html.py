@@ -113,12 +113,18 @@ class _Marks:
         return _worst([p for p in self.problems if p["uuid"] == uuid and p.get("xid") == code])
 
 
-def _banner(problems: Sequence[Mapping[str, Any]], node: Any) -> str:
-    """The problems, worst first, above everything; one green line (notes folded under it) when none matters."""
-    n = counts(problems)
+def banner(problems: Sequence[Mapping[str, Any]], node: Any, totals: Mapping[str, int] | None = None,
+           more: int = 0) -> str:
+    """The problems, worst first, above everything; one green line (notes folded under it) when none matters.
+
+    ``totals``: the problems by severity when ``problems`` lists only the first of them (``more`` left out)."""
+    n = dict(totals) if totals else counts(problems)
     items = "".join(f'<li class="{esc(p["severity"])}"><span class="sev {esc(p["severity"])}">'
                     f'{esc(p["severity"])}</span>{esc(p["text"])} <span class="act">&rarr; {esc(p["action"])}'
                     f"</span></li>" for p in problems)
+    if more:
+        items += (f'<li class="mute">and {esc(more)} more, not listed (<a href="/status.json">status.json</a> '
+                  "counts them by severity)</li>")
     notes = f"{n['info']} note{'s' if n['info'] != 1 else ''}"
     if not n["critical"] and not n["warning"]:
         line = f'<span class="ok">&#10003; Nothing wrong on {esc(node)}</span>'
@@ -199,7 +205,12 @@ def _health(g: Mapping[str, Any]) -> str:
     return "; ".join(parts) or '<span class="ok">ok</span>'
 
 
-def _containers(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None] = ()) -> str:
+def _omitted(n: Any, what: str) -> str:
+    """The line under a list cut to its first rows (the page's size is bounded, docs/status.md)."""
+    return f'<p class="mute">and {esc(n)} more {what}, not listed</p>' if n else ""
+
+
+def _containers(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None] = (), omitted: Any = 0) -> str:
     if not rows:
         return '<p class="mute">No container holds or uses it.</p>'
     cells = []
@@ -209,16 +220,16 @@ def _containers(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None] =
                       esc(c["scheme"]), _pct(grant.get("compute_percent")), _gib(grant.get("memory_bytes")),
                       _pct(use.get("sm_percent")), _gib(use.get("memory_bytes"))])
     return _table(["Namespace", "Pod", "Container", "Mode", "Scheme", "Grant SM", "Grant memory",
-                   "Use SM", "Use memory"], cells, frozenset({5, 6, 7, 8}), marks)
+                   "Use SM", "Use memory"], cells, frozenset({5, 6, 7, 8}), marks) + _omitted(omitted, "containers")
 
 
-def _unaccounted(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None]) -> str:
+def _unaccounted(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None], omitted: Any = 0) -> str:
     if not rows:
         return ""
     cells = [[esc(p["pid"]), f"<code>{esc(p.get('comm'))}</code>", _gib(p["memory_bytes"]), _pct(p["sm_percent"]),
               esc(f"{p['namespace']}/{p['pod']}" if p["pod"] else "host"), esc(p["container"])] for p in rows]
     return "<h3>Unaccounted processes</h3>" + _table(["PID", "Command", "Memory", "SM", "Pod", "Container"], cells,
-                                                      frozenset({0, 2, 3}), marks)
+                                                      frozenset({0, 2, 3}), marks) + _omitted(omitted, "processes")
 
 
 def _culprits(x: Mapping[str, Any]) -> str:
@@ -248,8 +259,9 @@ def _device(g: Mapping[str, Any], now: float, marks: _Marks, mig: bool = False) 
     processes = [marks.who(uuid, p, ("unaccounted_process",)) for p in g["unaccounted"]]
     parts = [f'<section class="{"gpu mig" if mig else "gpu"}{" " + worst if worst else ""}"><h2>{title}</h2>',
              _table(GPU_HEADERS, [_gpu_row(g)], _NUMERIC, [marks.gpu(uuid)]),
-             _containers(g["containers"], containers) if g["containers"] or not g.get("instances") else "",
-             _unaccounted(g["unaccounted"], processes),
+             _containers(g["containers"], containers, g.get("containers_omitted"))
+             if g["containers"] or not g.get("instances") else "",
+             _unaccounted(g["unaccounted"], processes, g.get("unaccounted_omitted")),
              _xids(g["xids"], now, [marks.xid(uuid, x["xid"]) for x in g["xids"]])]
     parts += [_device(i, now, marks, mig=True) for i in g.get("instances", ())]
     return "".join(parts) + "</section>"
@@ -258,7 +270,8 @@ def _device(g: Mapping[str, Any], now: float, marks: _Marks, mig: bool = False) 
 def _others(view: Mapping[str, Any], now: float) -> str:
     out = []
     if view["unplaced"]:
-        out.append("<h2>Allocations on a GPU not known yet</h2>" + _containers(view["unplaced"]))
+        out.append("<h2>Allocations on a GPU not known yet</h2>"
+                   + _containers(view["unplaced"], (), _map(view.get("omitted")).get("unplaced")))
     if view["other_xids"]:
         cells = [[f"<code>{esc(x['uuid'] or None)}</code>", esc(x["xid"]), esc(x["count"]),
                   esc(when(x.get("last_at"), now)), _culprits(x), esc(x.get("meaning"))] for x in view["other_xids"]]
@@ -270,8 +283,18 @@ def _others(view: Mapping[str, Any], now: float) -> str:
     return "".join(out)
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def render_html(view: Mapping[str, Any]) -> bytes:
     """The whole page for ``view`` (see :func:`exporter.exposition.status.status_view`)."""
+    return page_text(view).encode()
+
+
+def page_text(view: Mapping[str, Any], banner_html: str | None = None) -> str:
+    """:func:`render_html` as text; ``banner_html`` in place of the problems' banner (the stored page puts
+    a slot there, exporter/exposition/status_page.py)."""
     nav = ('<nav><a href="/metrics">Metrics</a> &middot; <a href="/status.json">status.json</a> &middot; '
            '<a href="/healthz">Health</a> &middot; <a href="/readyz">Ready</a></nav>')
     if view["subsystems"] is None:
@@ -279,14 +302,18 @@ def render_html(view: Mapping[str, Any]) -> bytes:
         title = "kube-gpu-exporter"
     else:
         title = f"kube-gpu-exporter on {esc(view['node'])}"
-        now = (view.get("built_at") or 0.0) + (view.get("snapshot_age_seconds") or 0.0)
+        age = view.get("snapshot_age_seconds")
+        now = (view.get("built_at") or 0.0) + (age if isinstance(age, int | float) else 0.0)
         problems = view.get("problems") or []
         marks = _Marks(problems)
         gpus = "".join(_device(g, now, marks) for g in view["gpus"]) or '<p class="mute">No GPU on this node.</p>'
-        body = _banner(problems, view["node"]) + _subsystems(view) + gpus + _others(view, now)
+        if banner_html is None:
+            banner_html = banner(problems, view["node"], view.get("problem_counts"),
+                                 _map(view.get("omitted")).get("problems") or 0)
+        body = banner_html + _subsystems(view) + gpus + _others(view, now)
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">'
             f"<title>{title}</title><style>{CSS}</style></head><body><h1>{title}</h1>{nav}{body}"
             f'<p class="mute">Refreshes every {REFRESH_SECONDS}&nbsp;s.</p></body></html>')
-    return page.encode()
+    return page

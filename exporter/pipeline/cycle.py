@@ -22,8 +22,9 @@ from exporter.attribution.usage_counters import MAX_PERIOD_INTERVALS, UsageCount
 from exporter.exposition.dcgm import dcgm_families
 from exporter.exposition.pod_labels import NO_POD_LABELS, PodLabelAllowlist, pod_label_skips
 from exporter.exposition.rows import ExporterStats, LabelNames, self_families, workload_families
-from exporter.exposition.snapshot import Snapshot, make_snapshot
-from exporter.exposition.status import Status, build_status
+from exporter.exposition.snapshot import Snapshot, make_snapshot, with_sample_failures
+from exporter.exposition.status import Status, XidCatalog, build_status
+from exporter.exposition.status_page import StatusPage, build_page
 from exporter.exposition.usage_rows import usage_families
 from exporter.model import EMPTY, CgroupRef, NodeSample, PodResources, XidSummary
 from exporter.pipeline.outputs import OutputGuard
@@ -90,6 +91,7 @@ class Settings:
     pod_labels: PodLabelAllowlist = NO_POD_LABELS
     dcgm_compat: bool = False  # dcgm-exporter's DCGM_FI_* series too
     clock: Callable[[], float] = time.time
+    xid_catalog: XidCatalog | None = None  # each Xid's meaning on the status page (the shell wires the catalog)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,7 @@ class Pipeline:
         self._skips: dict[str, int] = {}
         self.last_sample: NodeSample | None = None  # the last cycle's, for readiness and the start-up summary
         self._status: Status = EMPTY  # the last good status tree, kept while the status output fails
+        self._page: StatusPage | None = None  # its /status.json and page, rendered once
         # Busy seconds and energy per container, carried from cycle to cycle; ``interval`` (set by
         # SamplerThread) bounds the period a cycle may integrate over.
         self.usage = UsageCounters()
@@ -155,15 +158,26 @@ class Pipeline:
         families = self._outputs(attr, sample, xids)
         now = self.settings.clock()
         stats = self._stats(state, now)
-        self._status = self.outputs.run("status", lambda: build_status(
-            attr, sample, stats, xids, self.node_name, now, self.sources.comms(),
-            self.sources.states()), self._status)
+        self._status, self._page = self.outputs.run("status", lambda: self._status_output(
+            attr, sample, stats, xids, now), (self._status, self._page))
         stats = replace(stats, output_failures=self._output_failures())  # this cycle's status included
         families.insert(2, self_families(sample, stats, self.node_name))  # after rows and usage, as always
         owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)
                   for d in attr.devices for p in d.processes if p.pod is not None}
         snapshot = make_snapshot([f for part in families for f in part], now, sample.devices, owners)
-        return replace(snapshot, status=self._status), attr
+        return replace(snapshot, status=self._status, page=self._page), attr
+
+    def _status_output(self, attr: NodeAttribution, sample: NodeSample, stats: ExporterStats,
+                       xids: XidSummary | None, now: float) -> tuple[Status, StatusPage | None]:
+        """The status tree and its page: the per-pod work of /status.json and /, done here once a cycle."""
+        status = build_status(attr, sample, stats, xids, self.node_name, now, self.sources.comms(),
+                              self.sources.states())
+        return status, build_page(status, None, self.settings.xid_catalog)
+
+    def failed(self, served: Snapshot) -> Snapshot:
+        """``served`` after a failed cycle: its failure count set, in the metrics and the stored page."""
+        snapshot = with_sample_failures(served, self.failures_total)
+        return replace(snapshot, page=build_page(snapshot.status, self.failures_total, self.settings.xid_catalog))
 
     def _outputs(self, attr: NodeAttribution, sample: NodeSample, xids: XidSummary | None) -> list[list[Metric]]:
         """The metric outputs of one cycle, in render order (the exporter's own families go in at index 2)."""

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from exporter.exposition.snapshot import Snapshot, with_sample_failures
+from exporter.exposition.snapshot import Snapshot
 from exporter.pipeline.cycle import Pipeline
 from exporter.pipeline.holder import SnapshotHolder
 
@@ -70,7 +70,7 @@ class SamplerThread(threading.Thread):
             if snapshot is not None:
                 self.holder.publish(snapshot)
             else:
-                self.holder.replace(with_sample_failures(self.holder.get(), self.pipeline.failures_total))
+                self.holder.replace(self.pipeline.failed(self.holder.get()))
         except Exception:
             log.exception("cannot update the served snapshot's failure count")
         finally:

@@ -105,22 +105,27 @@ def make_app(holder: SnapshotHolder, stale_after: float, clock: Callable[[], flo
 
     from exporter.exposition.status import status_json, status_view
     from exporter.exposition.status_html import render_html
-    from exporter.xid.parse import lookup
+    from exporter.exposition.status_page import page_parts
+    from exporter.xid.parse import catalog_entry
 
-    def xid_catalog(code: int) -> dict[str, str]:
-        info = lookup(code)
-        return {"meaning": info.meaning, "action": info.action, "severity": info.severity}
-
-    def view() -> dict:
-        # The cycle's pre-built status tree: a request only adds the age and serialises it.
+    def page(request: Request, html: bool) -> Response:
         snapshot = holder.get()
-        return status_view(snapshot.status, snapshot.sample_failures_total, clock(), holder.ready, xid_catalog)
+        ctype = "text/html; charset=utf-8" if html else "application/json"
+        stored = snapshot.page
+        if stored is not None and stored.renders(snapshot.status, snapshot.sample_failures_total):
+            # rendered by the cycle: a request fills in the age, whatever the node's pods
+            gz = wants_gzip(request.header_values("accept-encoding"))
+            parts = page_parts(stored, clock(), html, gz)
+            return Response(200, parts[0], ctype, NO_STORE + (zipped if gz else plain), parts[1:])
+        # before the first cycle (a tree of constant size), or a snapshot made without its page (tests)
+        view = status_view(snapshot.status, snapshot.sample_failures_total, clock(), holder.ready, catalog_entry)
+        return Response(200, render_html(view) if html else status_json(view), ctype, NO_STORE)
 
     def index(request: Request) -> Response:
-        return Response(200, render_html(view()), "text/html; charset=utf-8", NO_STORE)
+        return page(request, True)
 
     def status(request: Request) -> Response:
-        return Response(200, status_json(view()), "application/json", NO_STORE)
+        return page(request, False)
 
     app = App()
     for path, handler in (("/metrics", metrics), ("/healthz", healthz), ("/readyz", readyz),

@@ -28,6 +28,7 @@ from exporter.shell.logging_setup import configure_logging
 from exporter.shell.sources import PodResourcesSource, XidSource, pod_resources_state
 from exporter.shell.status import CycleMonitor, StuckWatch, stuck_after
 from exporter.shell.summary import startup_summary
+from exporter.xid.parse import catalog_entry
 
 log = logging.getLogger("kube_gpu_exporter")
 SWITCH_INTERVAL = 0.0001  # seconds; see _serve
@@ -154,7 +155,8 @@ def build_daemon(cfg: Config) -> Daemon:
                       proc.comms, lambda: {"pod_resources": pod_resources_state(pod_resources),
                                            "kernel_log": xid_families.state()})
     pipeline = Pipeline(sources, Settings(node, names, cfg.per_process_metrics, dcgm_compat=cfg.dcgm_compat,
-                                          pod_labels=parse_allowlist(cfg.pod_labels_allowlist)))  # validated
+                                          pod_labels=parse_allowlist(cfg.pod_labels_allowlist),  # validated
+                                          xid_catalog=catalog_entry))
     monitor = CycleMonitor(pipeline, ready_without_nvml=cfg.ready_without_nvml,
                            pod_watch=cfg.pod_watch and not cfg.simulate, xid_stats=xid_families.stats)
     # After the Xid watcher's start: the summary tells whether it reads the kernel log.

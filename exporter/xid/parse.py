@@ -301,3 +301,9 @@ def lookup(xid: int) -> XidInfo:
         return info
     return XidInfo(xid, "Xid not in the exporter's catalog", "see NVIDIA's Xid catalog", "unknown",
                    xid not in _APPLICATION_LEVEL)
+
+
+def catalog_entry(xid: int) -> dict[str, str]:
+    """What the status page says of ``xid``: its meaning, action and severity."""
+    info = lookup(xid)
+    return {"meaning": info.meaning, "action": info.action, "severity": info.severity}
