@@ -49,3 +49,16 @@ def test_footprint_bench_emits_the_json_keys(tmp_path: Path) -> None:
     assert flat["cycles"] >= 20 and flat["kube-gpu-exporter"]["rss_end_mib"] > 0
     assert "kubernetes" not in flat["daemon_modules"]["heavy_top_level"]  # the daemon stays lean
     assert "| RSS after start (MiB) |" in proc.stdout
+
+
+def test_status_load_bench_emits_the_json_keys(tmp_path: Path) -> None:
+    """bench/status_load.py on a small node, this tree only (its figures: docs/status.md)."""
+    out = tmp_path / "status-load.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.status_load", "--gpus", "1", "--pods", "20", "--clients",
+                           "2", "--seconds", "1", "--only", "after", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())["after"]
+    assert report["alone"]["scrape"]["n"] > 0 and report["loaded"]["status"]["n"] > 0
+    assert report["loaded"]["status_bytes"] > 1000 and "p99_ms" in report["loaded"]["scrape"]
+    assert "| after, loaded |" in proc.stdout
