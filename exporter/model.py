@@ -148,6 +148,9 @@ class DeviceSample:
     compute_instance_id: int | None = None
     mig_profile: str = ""
     health: DeviceHealth = NO_HEALTH
+    # A MIG device: its card's frame buffer (None where NVML does not tell it: in MIG mode it answers the
+    # card's memory to a privileged caller only). The card's own, not the sum of its instances'.
+    card_memory_total_bytes: int | None = None
 
     def without_values(self, *, lost: bool) -> DeviceSample:
         """The same device (identity, MIG identity included) with nothing read this cycle."""

@@ -58,6 +58,10 @@ _STATUS_ORDER = ("utilization_percent", "memory_utilization_percent", "memory_us
                  "power_watts", "power_limit_watts", "temperature_celsius", "energy_joules")
 _STATUS_FIELDS = {f.status: f for f in DEVICE_FIELDS if f.status}
 STATUS_KEYS = tuple(ordered(_STATUS_FIELDS, _STATUS_ORDER))
+# The card's values (power, temperature, energy, the power limit and capping): once per card, on its entry,
+# never repeated on its MIG instances (NVML reads them on the card's handle); the health below likewise.
+CARD_KEYS = tuple(k for k in STATUS_KEYS if _STATUS_FIELDS[k].dcgm and all(d.card for d in _STATUS_FIELDS[k].dcgm))
+CARD_HEALTH_KEYS = ("clocks_event_reasons", "remapped_rows", "retired_pages", "ecc_errors")
 
 
 def _device_values(d: DeviceSample) -> dict[str, Any]:
@@ -156,16 +160,18 @@ def _device_entry(dev: DeviceAttribution, placed: Sequence[PlacedAllocation],
     if dev.device.parent_uuid is not None:
         entry["mig"] = {"profile": dev.device.mig_profile, "gpu_instance_id": dev.device.gpu_instance_id,
                         "compute_instance_id": dev.device.compute_instance_id}
+        entry.update(dict.fromkeys((*CARD_KEYS, *CARD_HEALTH_KEYS)))  # the card's: on its entry, once
     return entry
 
 
 def _parent_entry(child: DeviceSample) -> dict[str, Any]:
-    """A MIG card, known only through its instances (which carry the card's power and temperature)."""
+    """A MIG card, known only through its instances (which carry the card's values: power, temperature,
+    energy, health, its memory total)."""
     entry = _device_values(child)
     model = child.name.split(" MIG ")[0]
     entry.update(uuid=child.parent_uuid, model=model, utilization_percent=None, memory_utilization_percent=None,
-                 memory_used_bytes=None, memory_total_bytes=None, allocate_mode=None, containers=[],
-                 unaccounted=[], xids=[], last_xid_at=None)
+                 memory_used_bytes=None, memory_total_bytes=child.card_memory_total_bytes, allocate_mode=None,
+                 containers=[], unaccounted=[], xids=[], last_xid_at=None)
     return entry
 
 
@@ -173,6 +179,7 @@ def _gpus(attr: NodeAttribution, comms: Mapping[int, str]) -> list[dict[str, Any
     """One entry per physical GPU, its MIG instances in ``instances``."""
     gpus: list[dict[str, Any]] = []
     by_uuid: dict[str, dict[str, Any]] = {}
+    cards: set[int] = set()
     for dev in attr.devices:
         d = dev.device
         entry = _device_entry(dev, attr.allocations, comms)
@@ -189,18 +196,20 @@ def _gpus(attr: NodeAttribution, comms: Mapping[int, str]) -> list[dict[str, Any
         if parent is None:
             parent = by_uuid[d.parent_uuid] = _parent_entry(d) | {"instances": []}
             gpus.append(parent)
+            cards.add(id(parent))
         parent["instances"].append(entry)
     for g in gpus:
-        if g["instances"] and g["memory_total_bytes"] is None:
+        if id(g) in cards:  # a card known through its instances (not one NVML listed itself)
             _sum_memory(g)
     return gpus
 
 
 def _sum_memory(card: dict[str, Any]) -> None:
-    """A MIG card's memory: its instances' (when each one's is known)."""
-    for key in ("memory_used_bytes", "memory_total_bytes"):
-        values = [i[key] for i in card["instances"]]
-        card[key] = None if None in values else sum(values)
+    """A MIG card's memory in use: its instances' (when each one's is known); ``instances_memory_total_bytes``
+    what they were given. Its ``memory_total_bytes`` is the card's own (memory no instance holds included)."""
+    used, given = ([i[key] for i in card["instances"]] for key in ("memory_used_bytes", "memory_total_bytes"))
+    card["memory_used_bytes"] = None if None in used else sum(used)
+    card["instances_memory_total_bytes"] = None if None in given else sum(given)
 
 
 def _attach_xids(gpus: list[dict[str, Any]], xids: XidSummary) -> list[dict[str, Any]]:

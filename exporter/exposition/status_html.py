@@ -175,17 +175,27 @@ def _short_uuid(uuid: Any) -> str:
     return f'<code title="{esc(uuid)}">{esc(uuid[:12])}&hellip;</code>'
 
 
+CARDS = '<span class="mute" title="a value of the whole card: shown once, on its row">card</span>'
+
+
 def _gpu_row(g: Mapping[str, Any]) -> list[str]:
+    if g.get("mig"):  # an instance: the card's power, temperature, energy and health are on the card's row
+        return [_flag(g["state"] == "up", "up", "lost"), CARDS, esc(g["minor"]), f'<span class="nw">{esc(g["model"])}'
+                "</span>", _pct(g["utilization_percent"]), f"{_gib(g['memory_used_bytes'])} / "
+                f"{_gib(g['memory_total_bytes'])}", CARDS, CARDS, esc(g["allocate_mode"]), _short_uuid(g["uuid"]),
+                CARDS, *(CARDS for _ in COLUMNS)]
     power = esc(g["power_watts"]) + "&nbsp;W" if g["power_watts"] is not None else "&ndash;"
     if g["power_limit_watts"] is not None:
         power += f" / {esc(g['power_limit_watts'])}&nbsp;W"
     temp = esc(g["temperature_celsius"]) + "&nbsp;&deg;C" if g["temperature_celsius"] is not None else "&ndash;"
     energy = "&ndash;" if g.get("energy_joules") is None else f"{g['energy_joules'] / 3.6e6:.2f}&nbsp;kWh"
+    memory = f"{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}"
+    if g["memory_total_bytes"] is None and g.get("instances_memory_total_bytes") is not None:
+        memory += f" (instances {_gib(g['instances_memory_total_bytes'])})"  # NVML kept the card's total from us
     return [
         _flag(g["state"] == "up", "up", "lost"), f'<div class="health">{_health(g)}</div>', esc(g["minor"]),
-        f'<span class="nw">{esc(g["model"])}</span>', _pct(g["utilization_percent"]),
-        f"{_gib(g['memory_used_bytes'])} / {_gib(g['memory_total_bytes'])}", temp, power, esc(g["allocate_mode"]),
-        _short_uuid(g["uuid"]), energy, *(esc(g.get(f.status)) for f in COLUMNS),
+        f'<span class="nw">{esc(g["model"])}</span>', _pct(g["utilization_percent"]), memory, temp, power,
+        esc(g["allocate_mode"]), _short_uuid(g["uuid"]), energy, *(esc(g.get(f.status)) for f in COLUMNS),
     ]
 
 

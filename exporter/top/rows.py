@@ -129,10 +129,17 @@ def _health(gpu: Mapping[str, Any]) -> str:
     return _text("; ".join(("!! " if bad else "") + text for text, bad in notes)) or "ok"
 
 
+CARD = "card"  # a MIG instance's column of a card-level value (shown once, on the card's row)
+
+
 def gpu_row(label: str, gpu: Mapping[str, Any]) -> Row:
     """One GPU or MIG instance: utilization, memory used/total, power draw/limit, temperature, energy
     since the driver loaded, and what needs an operator (row remapping, clocks held; ``!!``: act)."""
     memory = f"{_gib(gpu.get('memory_used_bytes'))}/{_gib(gpu.get('memory_total_bytes'))}"
+    if isinstance(gpu.get("mig"), Mapping):  # the card's power, temperature, energy and health: on its row only
+        return (label, _text(gpu.get("model")), _text(gpu.get("state")), _text(gpu.get("allocate_mode")),
+                _num(gpu.get("utilization_percent")), _num(gpu.get("memory_utilization_percent")), memory,
+                *(CARD for _ in range(3 + len(COLUMNS))), CARD)
     power = _num(gpu.get("power_watts"), 0)
     if gpu.get("power_limit_watts") is not None:
         power += f"/{_num(gpu.get('power_limit_watts'), 0)}"
