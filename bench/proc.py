@@ -22,3 +22,16 @@ def memory(pid: int) -> dict[str, int]:
         if key in ("VmRSS", "VmHWM"):
             out["rss_bytes" if key == "VmRSS" else "peak_rss_bytes"] = int(rest.split()[0]) * 1024
     return out
+
+
+def open_fds(pid: int) -> int:
+    """Open file descriptors of a process (entries of /proc/<pid>/fd)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def threads(pid: int) -> int:
+    """Threads of a process (``Threads:`` of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise ValueError(f"/proc/{pid}/status has no Threads line")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,44 @@ def test_status_load_bench_emits_the_json_keys(tmp_path: Path) -> None:
     assert report["alone"]["scrape"]["n"] > 0 and report["loaded"]["status"]["n"] > 0
     assert report["loaded"]["status_bytes"] > 1000 and "p99_ms" in report["loaded"]["scrape"]
     assert "| after, loaded |" in proc.stdout
+
+
+def test_soak_reports_flat_meters(tmp_path: Path) -> None:
+    """bench/soak.py for 20 s: the report's shape, and the exporter's meters judged flat."""
+    out = tmp_path / "soak.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--minutes", str(20 / 60),
+                           "--sample-every", "1", "--gpus", "2", "--processes", "4", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert {"machine", "config", "samples", "scrapes", "cycles", "flatness"} <= report.keys()
+    assert report["config"]["interval"] == 0.2 and report["scrapes"]["errors"] == 0 and report["scrapes"]["ok"] > 0
+    assert report["cycles"] > 0 and len(report["samples"]) >= 10
+    flat = report["flatness"]
+    for meter in ("rss_bytes", "fds", "threads"):
+        assert flat[meter].keys() >= {"first", "after_warmup", "end", "max", "growth", "drift", "tolerance", "flat"}
+        assert flat[meter]["end"] > 0
+    assert flat["flat"] is True
+    assert "| RSS (MiB) |" in proc.stdout
+
+
+def _series(rss_mib: Callable[[int], float], fds: Callable[[int], int] = lambda i: 16,
+            n: int = 60) -> list[dict[str, float]]:
+    return [{"t": 5.0 * i, "rss_bytes": rss_mib(i) * 2**20, "fds": fds(i), "threads": 7} for i in range(n)]
+
+
+def test_soak_flatness_logic() -> None:
+    """The criterion: a warm-up step and one mid-scrape blip pass; a leak, a late step, a creep fail."""
+    from bench.soak import flatness
+
+    warm_step = _series(lambda i: 30.0 if i < 5 else 40.0)  # growth during the warm-up is not judged
+    blip = _series(lambda i: 40.0, fds=lambda i: 16 + 5 * (i == 50))  # one sample mid-scrape
+    assert flatness(warm_step)["flat"] and flatness(blip)["flat"]
+    leak = flatness(_series(lambda i: 40.0 + 0.1 * i))  # 0.1 MiB per 5 s
+    assert not leak["flat"] and not leak["rss_bytes"]["flat"] and leak["fds"]["flat"]
+    late_step = flatness(_series(lambda i: 40.0 if i < 40 else 43.0))
+    assert not late_step["rss_bytes"]["flat"] and late_step["rss_bytes"]["growth"] == 3 * 2**20
+    fd_leak = flatness(_series(lambda i: 40.0, fds=lambda i: 16 + i // 10))
+    assert not fd_leak["fds"]["flat"] and fd_leak["rss_bytes"]["flat"]
+    with pytest.raises(ValueError):
+        flatness(_series(lambda i: 40.0, n=2))
