@@ -146,6 +146,34 @@ def test_even_a_gpu_requesting_pod_cannot_annotate_its_way_onto_a_kubelet_whole_
     assert attr.disagreements == {"hami": 1}
 
 
+def test_without_the_kubelet_an_annotation_cannot_share_a_gpu_a_pod_runs_on_whole() -> None:
+    """Issue 26's attack without pod-resources: a HAMi pod names the GPU another tenant holds whole
+    (its processes run there) and asks 90 % of it. Refused and counted, the victim stays exclusive."""
+    victim = raw_pod(1, {"nvidia.com/gpu": "1"})
+    thief = raw_pod(2, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "90"},
+                    {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,30000,90:;"})
+    _, attr, families = run([victim, thief], [gpu(0, ((100, GIB, 40),))], {100: 1})
+    assert attr.devices[0].mode == EXCLUSIVE
+    assert [u.pod.name for u in attr.devices[0].users] == ["pod-1"]
+    assert [(a.pod.name, a.uuid, a.allocate_mode) for a in attr.allocations] == [
+        ("pod-1", "GPU-0", EXCLUSIVE), ("pod-2", "", SHARE)]
+    assert attr.disagreements == {"hami": 1}
+    assert not any(name == "nvidia_gpu_allocated_compute_percent" and dict(labels).get("uuid") == "GPU-0"
+                   for name, labels, _ in rows_of(families, "pod-2"))
+
+
+def test_without_the_kubelet_an_idle_whole_gpu_is_not_protected() -> None:
+    """The limit of the refusal: a whole GPU whose holder runs nothing is unplaced without the
+    kubelet, so nothing collides with an annotation naming it (docs/sharing.md, trust model)."""
+    victim = raw_pod(1, {"nvidia.com/gpu": "1"})
+    thief = raw_pod(2, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "90"},
+                    {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,30000,90:;"})
+    _, attr, _ = run([victim, thief], [gpu(0)], {})
+    assert attr.devices[0].mode == SHARE and attr.disagreements == {}
+    _, attr, _ = run([victim, thief], [gpu(0)], {}, [kubelet(1, "GPU-0")])  # the kubelet's answer closes it
+    assert attr.devices[0].mode == EXCLUSIVE and attr.disagreements == {"hami": 1}
+
+
 def test_hami_binding_marks_naming_another_node_are_not_this_nodes() -> None:
     ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,4000,30:;", "hami.io/vgpu-node": "other-node"}
     allocs, _, _ = run([raw_pod(2, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}, ann)], [gpu(0)])

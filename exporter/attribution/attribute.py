@@ -23,9 +23,12 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
 6. Processes on a GPU that do not belong to one of its holders (host processes, containers
    started with ``NVIDIA_VISIBLE_DEVICES=all``) are "unaccounted": they count in the device
    totals and are reported separately, with pod labels when they run in a pod.
-7. The kubelet is the authority for whole GPUs: when pod-resources assigns a GPU whole to a
-   container, no other container's annotation (gpushare, vcuda, HAMi) can hold it or turn it
-   shared; such an allocation is left unplaced and counted in ``disagreements``.
+7. A whole GPU is not an annotation's to share: when pod-resources assigns a GPU whole to a
+   container (the kubelet, the authority), or, without the kubelet's answer, a container allocated
+   a whole GPU by a device plugin (not an annotation) runs its processes on it (rule 4), no other
+   container's annotation (gpushare, vcuda, HAMi) can hold it or turn it shared; such an
+   allocation is left unplaced and counted in ``disagreements``. Without the kubelet a whole GPU
+   whose holder runs nothing yet is unplaced, so nothing protects it (docs/sharing.md, trust model).
 8. Annotations can lie (scheduler bugs). When a container whose GPU comes from an annotation runs
    processes on a GPU the annotation does not name, and leaves a claimed GPU without any, the
    processes are believed for usage: the container holds the GPU it runs on instead of the
@@ -204,13 +207,19 @@ def attribute(
 
 def _defer_to_kubelet(placed: list[tuple[Allocation, str | None]]
                       ) -> tuple[list[tuple[Allocation, str | None]], dict[str, int]]:
-    """Rule 7: annotation placements on a GPU the kubelet gave whole to another container are dropped."""
-    kubelet_whole = {uuid: (a.pod_uid, a.container) for a, uuid in placed
-                     if uuid is not None and a.whole and not a.from_annotation and a.uuid == uuid}
+    """Rule 7: annotation placements on a GPU another container holds whole are dropped.
+
+    A whole holder is a non-annotation whole allocation placed by the kubelet or, without its
+    answer, by where the container's processes run; the kubelet's placement wins a tie.
+    """
+    whole: dict[str, ContainerKey] = {}
+    for a, uuid in placed:
+        if uuid is not None and a.whole and not a.from_annotation and (a.uuid == uuid or uuid not in whole):
+            whole[uuid] = (a.pod_uid, a.container)
     out: list[tuple[Allocation, str | None]] = []
     conflicts: dict[str, int] = {}
     for a, uuid in placed:
-        owner = kubelet_whole.get(uuid) if uuid is not None else None
+        owner = whole.get(uuid) if uuid is not None else None
         if a.from_annotation and owner is not None and owner != (a.pod_uid, a.container):
             conflicts[a.scheme] = conflicts.get(a.scheme, 0) + 1
             out.append((a, None))
