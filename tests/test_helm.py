@@ -251,11 +251,15 @@ def test_schema_rejects_unknown_or_chart_managed_config_keys():
 # DaemonSet
 
 
-def test_daemonset_mounts_only_host_proc_by_default():
+def test_daemonset_mounts_host_proc_and_the_kubelets_socket_by_default():
     objs = render()
     pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
-    assert {v["name"] for v in pod["volumes"]} == {"host-proc", "tmp"}
-    assert {m["name"] for m in container(objs)["volumeMounts"]} == {"host-proc", "tmp"}
+    assert {v["name"] for v in pod["volumes"]} == {"host-proc", "pod-resources", "tmp"}
+    mounts = {m["name"]: m for m in container(objs)["volumeMounts"]}
+    assert set(mounts) == {"host-proc", "pod-resources", "tmp"}
+    assert mounts["pod-resources"]["readOnly"] is True and mounts["host-proc"]["readOnly"] is True
+    objs = render(NO_POD_RESOURCES)
+    assert {v["name"] for v in one(objs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]} == {"host-proc", "tmp"}
 
 
 def test_daemonset_mounts_host_proc_pod_resources_and_kmsg_read_only():
@@ -301,7 +305,9 @@ def test_default_env_takes_xids_from_nvml_events_only():
     cfg = _exporter_config(render())
     assert (cfg.xid, cfg.xid_nvml_events, cfg.events, cfg.pod_watch) == (True, True, True, True)
     assert cfg.kmsg_path == "none"  # nothing mounted at /dev/kmsg: the exporter is told, it does not try
-    assert cfg.pod_resources_socket == ""  # off: the kubelet's socket is root's
+    # on (issue 26): the kubelet's answer outranks annotations a pod's author writes
+    assert cfg.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert _exporter_config(render(NO_POD_RESOURCES)).pod_resources_socket == ""
     cfg = _exporter_config(render({"config": {"xidNvmlEvents": False}, "xid": {"kmsg": {"enabled": True}}}))
     assert (cfg.xid, cfg.xid_nvml_events, cfg.kmsg_path) == (True, False, "/dev/kmsg")
     # the watcher needs a source: the chart refuses to leave it none
@@ -381,6 +387,7 @@ def test_probes_resources_and_no_gpu_request():
 
 
 UID = 9400  # the image's user (Dockerfile USER; tests/test_dockerfile.py)
+NO_POD_RESOURCES = {"podResources": {"enabled": False}}
 LEAST_PRIVILEGE = {
     "runAsUser": UID, "runAsGroup": UID, "runAsNonRoot": True, "privileged": False,
     "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
@@ -389,44 +396,50 @@ LEAST_PRIVILEGE = {
 
 
 def test_security_context_is_least_privilege_by_default():
+    """The default takes the kubelet's answer (pod-resources): uid 0, the image's gid, nothing else added."""
     objs = render()
-    assert container(objs)["securityContext"] == LEAST_PRIVILEGE
+    assert container(objs)["securityContext"] == {**LEAST_PRIVILEGE, "runAsUser": 0, "runAsNonRoot": False}
     pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
     assert "securityContext" not in pod  # podSecurityContext: {} adds nothing
     assert not pod.get("hostPID") and not pod.get("hostNetwork") and not pod.get("hostIPC")
     assert "Xid" not in notes() and "privileged (for /dev/kmsg)" not in notes()
-    assert f"They run as uid {UID}, unprivileged, without capabilities." in notes()
-    # the default also holds with the features that need no privilege switched off
-    for values in ({"xid": {"enabled": False}}, {"config": {"podWatch": False}}, {"xid": {"events": False}}):
+    assert "They run as uid 0, for the kubelet's pod-resources socket." in notes()
+    # without the socket nothing runs as root, also with the features that need no privilege switched off
+    assert f"They run as uid {UID}, unprivileged, without capabilities." in notes(NO_POD_RESOURCES)
+    for values in ({}, {"xid": {"enabled": False}}, {"config": {"podWatch": False}}, {"xid": {"events": False}}):
+        values = {**values, **NO_POD_RESOURCES}
         assert container(render(values))["securityContext"] == LEAST_PRIVILEGE, values
 
 
 def test_each_opt_in_adds_only_what_it_needs():
     root = {"runAsUser": 0, "runAsNonRoot": False}
+
+    def kmsg(**kw: bool) -> dict:  # the kernel log alone, without the default's pod-resources
+        return {"xid": {"kmsg": {"enabled": True, **kw}}, **NO_POD_RESOURCES}
+
     # pod-resources: uid 0 to connect to the kubelet's socket; still no capability, not privileged
     sc = container(render({"podResources": {"enabled": True}}))["securityContext"]
     assert sc == {**LEAST_PRIVILEGE, **root}
     assert "uid 0, for the kubelet's pod-resources socket." in notes({"podResources": {"enabled": True}})
     # kmsg (default mode): privileged for the device cgroup, uid 0 for CAP_SYSLOG; the API rejects
     # privileged together with allowPrivilegeEscalation=false, and a drop list would contradict it
-    sc = container(render({"xid": {"kmsg": {"enabled": True}}}))["securityContext"]
+    sc = container(render(kmsg()))["securityContext"]
     expected = {k: v for k, v in LEAST_PRIVILEGE.items() if k not in ("allowPrivilegeEscalation", "capabilities")}
     assert sc == {**expected, **root, "privileged": True}
-    text = notes({"xid": {"kmsg": {"enabled": True}}})
+    text = notes(kmsg())
     assert "run privileged (for /dev/kmsg)" in text and "uid 0, for CAP_SYSLOG on /dev/kmsg." in text
     # kmsg where kernel.dmesg_restrict=0: privileged, but the image's user
-    sc = container(render({"xid": {"kmsg": {"enabled": True, "runAsRoot": False}}}))["securityContext"]
+    sc = container(render(kmsg(runAsRoot=False)))["securityContext"]
     assert sc == {**expected, "privileged": True}
-    assert f"They run as uid {UID}.\n" in notes({"xid": {"kmsg": {"enabled": True, "runAsRoot": False}}})
+    assert f"They run as uid {UID}.\n" in notes(kmsg(runAsRoot=False))
     # kmsg where the runtime admits /dev/kmsg: not privileged, uid 0 with CAP_SYSLOG alone
-    sc = container(render({"xid": {"kmsg": {"enabled": True, "privileged": False}}}))["securityContext"]
+    sc = container(render(kmsg(privileged=False)))["securityContext"]
     assert sc == {**LEAST_PRIVILEGE, **root, "capabilities": {"drop": ["ALL"], "add": ["SYSLOG"]}}
-    assert "xid.kmsg.privileged=false" in notes({"xid": {"kmsg": {"enabled": True, "privileged": False}}})
-    sc = container(render({"xid": {"kmsg": {"enabled": True, "privileged": False, "runAsRoot": False}}}))[
-        "securityContext"]
+    assert "xid.kmsg.privileged=false" in notes(kmsg(privileged=False))
+    sc = container(render(kmsg(privileged=False, runAsRoot=False)))["securityContext"]
     assert sc == LEAST_PRIVILEGE
     # xid.kmsg means nothing without the Xid watcher
-    objs = render({"xid": {"enabled": False, "kmsg": {"enabled": True}}})
+    objs = render({"xid": {"enabled": False, "kmsg": {"enabled": True}}, **NO_POD_RESOURCES})
     assert container(objs)["securityContext"] == LEAST_PRIVILEGE
     assert "kmsg" not in {v["name"] for v in one(objs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
 

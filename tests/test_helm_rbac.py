@@ -136,8 +136,10 @@ def _chart_command(values: dict) -> tuple[list[str], dict[str, str]]:
 
 
 @contextmanager
-def exporter_as_the_chart_runs_it(values: dict, tmp_path: Path, *, nvml_xids: bool) -> Iterator[Run]:
-    scenario = load_scenario_dict(SCENARIO)
+def exporter_as_the_chart_runs_it(values: dict, tmp_path: Path, *, nvml_xids: bool,
+                                  scenario_path: Path = SCENARIO) -> Iterator[Run]:
+    """The exporter with the rendered DaemonSet's arguments and environment, on ``scenario_path``'s node."""
+    scenario = load_scenario_dict(scenario_path)
     node = scenario["node"]
     if nvml_xids:  # two Xids of one series on the GPU, a few sampling cycles after start
         scenario["devices"][0]["xid_events"] = [{"tick": 8, "xid": XID}, {"tick": 9, "xid": XID}]

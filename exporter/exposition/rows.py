@@ -184,7 +184,8 @@ def _allocation_families(f: _Families, attr: NodeAttribution, node: str, names: 
         _add(compute, list(key), c)
         _add(memory, list(key), m)
     lies = f.gauge("kube_gpu_exporter_allocation_disagreements",
-                   "Containers running on a GPU other than the one their scheme's annotation claims, by scheme",
+                   "Annotations not believed, by scheme: containers running on a GPU other than the one their "
+                   "annotation claims, and annotation allocations refused on a GPU another container holds whole",
                    ["scheme"])
     for scheme, n in sorted(attr.disagreements.items()):
         lies.add_metric([scheme], n)
