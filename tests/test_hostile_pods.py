@@ -162,6 +162,21 @@ def test_without_the_kubelet_an_annotation_cannot_share_a_gpu_a_pod_runs_on_whol
                    for name, labels, _ in rows_of(families, "pod-2"))
 
 
+def test_without_the_kubelet_a_pod_running_where_it_was_not_allocated_keeps_no_gpu_from_its_tenants() -> None:
+    """The reverse: a whole-GPU pod whose processes reach a HAMi GPU (NVIDIA_VISIBLE_DEVICES=all) is
+    inferred there, but the HAMi tenant running on it keeps its annotation: NVML shows it shares the GPU."""
+    intruder = raw_pod(1, {"nvidia.com/gpu": "1"})
+    tenant = raw_pod(2, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"},
+                     {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,10000,30:;"})
+    _, attr, _ = run([intruder, tenant], [gpu(0, ((100, GIB, 40), (200, GIB, 20)))], {100: 1, 200: 2})
+    assert attr.devices[0].mode == SHARE and attr.disagreements == {}
+    assert ("pod-2", "GPU-0", SHARE) in [(a.pod.name, a.uuid, a.allocate_mode) for a in attr.allocations]
+    # with the kubelet's answer naming GPU-0 the intruder's, the annotation is refused even so
+    _, attr, _ = run([intruder, tenant], [gpu(0, ((100, GIB, 40), (200, GIB, 20)))], {100: 1, 200: 2},
+                     [kubelet(1, "GPU-0")])
+    assert attr.disagreements == {"hami": 1}
+
+
 def test_without_the_kubelet_an_idle_whole_gpu_is_not_protected() -> None:
     """The limit of the refusal: a whole GPU whose holder runs nothing is unplaced without the
     kubelet, so nothing collides with an annotation naming it (docs/sharing.md, trust model)."""

@@ -27,8 +27,10 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
    container (the kubelet, the authority), or, without the kubelet's answer, a container allocated
    a whole GPU by a device plugin (not an annotation) runs its processes on it (rule 4), no other
    container's annotation (gpushare, vcuda, HAMi) can hold it or turn it shared; such an
-   allocation is left unplaced and counted in ``disagreements``. Without the kubelet a whole GPU
-   whose holder runs nothing yet is unplaced, so nothing protects it (docs/sharing.md, trust model).
+   allocation is left unplaced and counted in ``disagreements``. Without the kubelet, an annotated
+   container that runs on that GPU itself keeps its annotation (NVML shows it shares the GPU), and
+   a whole GPU whose holder runs nothing yet is unplaced, so nothing protects it
+   (docs/sharing.md, "Trust model per setting").
 8. Annotations can lie (scheduler bugs). When a container whose GPU comes from an annotation runs
    processes on a GPU the annotation does not name, and leaves a claimed GPU without any, the
    processes are believed for usage: the container holds the GPU it runs on instead of the
@@ -187,7 +189,7 @@ def attribute(
     skip = SkipCounter()
     devices = {d.uuid: d for d in sample.devices}
     procs = {d.uuid: _device_processes(d, pids, pods, skip) for d in sample.devices}
-    placed, conflicts = _defer_to_kubelet(_place(allocations, devices, procs))
+    placed, conflicts = _defer_to_kubelet(_place(allocations, devices, procs), _running(procs))
     holders: dict[str, dict[ContainerKey, Allocation]] = {u: {} for u in devices}
     for a, uuid in placed:
         if uuid is not None:
@@ -205,22 +207,27 @@ def attribute(
                            skip, disagreements)
 
 
-def _defer_to_kubelet(placed: list[tuple[Allocation, str | None]]
+def _defer_to_kubelet(placed: list[tuple[Allocation, str | None]], running: Mapping[ContainerKey, list[str]]
                       ) -> tuple[list[tuple[Allocation, str | None]], dict[str, int]]:
     """Rule 7: annotation placements on a GPU another container holds whole are dropped.
 
     A whole holder is a non-annotation whole allocation placed by the kubelet or, without its
-    answer, by where the container's processes run; the kubelet's placement wins a tie.
+    answer, by where the container's processes run; the kubelet's placement wins a tie. Against
+    a holder inferred from processes, an annotated container that runs on the GPU itself is kept:
+    NVML says it really shares it (and a pod running where it was not allocated, e.g.
+    NVIDIA_VISIBLE_DEVICES=all, must not push the GPU's HAMi tenants off it).
     """
-    whole: dict[str, ContainerKey] = {}
+    whole: dict[str, tuple[ContainerKey, bool]] = {}  # uuid -> (holder, placed by the kubelet)
     for a, uuid in placed:
         if uuid is not None and a.whole and not a.from_annotation and (a.uuid == uuid or uuid not in whole):
-            whole[uuid] = (a.pod_uid, a.container)
+            whole[uuid] = ((a.pod_uid, a.container), a.uuid == uuid)
     out: list[tuple[Allocation, str | None]] = []
     conflicts: dict[str, int] = {}
     for a, uuid in placed:
-        owner = whole.get(uuid) if uuid is not None else None
-        if a.from_annotation and owner is not None and owner != (a.pod_uid, a.container):
+        owner, by_kubelet = whole.get(uuid, (None, False)) if uuid is not None else (None, False)
+        key = (a.pod_uid, a.container)
+        if (a.from_annotation and owner is not None and owner != key
+                and (by_kubelet or uuid not in running.get(key, ()))):
             conflicts[a.scheme] = conflicts.get(a.scheme, 0) + 1
             out.append((a, None))
         else:
