@@ -11,6 +11,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from exporter.exposition.status import CARD_HEALTH_KEYS, CARD_KEYS
@@ -112,3 +113,51 @@ def test_card_memory_unknown_to_nvml_is_null_not_the_sum() -> None:
     card = status["gpus"][0]
     assert card["memory_total_bytes"] is None and card["instances_memory_total_bytes"] == 80 * GIB
     assert "/ &ndash; (instances 80.0&nbsp;GiB)" in render_html(status_view(status, None, 0.0, True)).decode()
+
+
+# ---- where a MIG instance's utilisation comes from (issue 27, item 3) ----------------------------------
+
+H100_MIG = ROOT / "examples" / "mig-h100-node.yaml"
+
+
+def test_an_a100_instance_says_nvml_has_no_utilisation_on_the_page_and_in_top() -> None:
+    body, page = _served(MIG)
+    instances = body["gpus"][0]["instances"]
+    assert instances and {i["utilization_source"] for i in instances} == {"unavailable"}
+    assert all(i["utilization_percent"] is None for i in instances)
+    assert body["gpus"][0]["utilization_source"] is None  # the card in MIG mode: its instances carry it
+    assert body["gpus"][1]["utilization_source"] == "nvml"  # the whole A100 beside it
+    assert page.count('title="utilisation not available from NVML on this GPU">n/a</span>') == len(instances)
+    util = GPU_COLUMNS.index("Util %")
+    rows = {r[0]: r for r in build_view(body).gpus}
+    assert [r[util] for label, r in rows.items() if "/" in label] == ["n/a"] * len(instances)
+    assert "n/a" not in [r[util] for label, r in rows.items() if "/" not in label]  # cards and whole GPUs
+
+
+def test_a_hopper_instance_takes_its_gpu_instances_gpm_graphics_activity() -> None:
+    spec = yaml.safe_load(H100_MIG.read_text())["devices"][0]
+    body, page = _served(H100_MIG)
+    card = next(g for g in body["gpus"] if g["instances"])
+    by_gi = {m["gpu_instance_id"]: m["gpm"]["graphics_active"] for m in spec["mig_devices"] if "gpm" in m}
+    assert by_gi and card["instances"]
+    for inst in card["instances"]:
+        assert inst["utilization_source"] == "gpm"
+        assert inst["utilization_percent"] == pytest.approx(100 * by_gi[inst["mig"]["gpu_instance_id"]])
+    assert "utilisation not available" not in page
+
+
+def test_a_lost_gpu_is_lost_not_without_utilisation() -> None:
+    from exporter.exposition.health_notes import utilization_note
+
+    assert utilization_note({"utilization_source": "unavailable", "state": "up"})
+    assert utilization_note({"utilization_source": "unavailable", "state": "lost"}) is None
+    assert utilization_note({"state": "up"}) is None  # an older exporter's entry: unknown, no claim
+
+
+def test_top_prometheus_has_a_table_for_allocations_of_unknown_use() -> None:
+    from dataclasses import fields
+
+    from exporter.top.app import ClusterApp
+    from exporter.top.prom import ClusterView
+
+    assert "unknown" in ClusterApp.TABLES and set(ClusterApp.TABLES) <= {f.name for f in fields(ClusterView)}

@@ -42,5 +42,5 @@ NO_UTILIZATION = "utilisation not available from NVML on this GPU"
 def utilization_note(gpu: Mapping[str, Any]) -> str | None:
     """:data:`NO_UTILIZATION` where the entry says NVML gives this GPU no utilization (a MIG device
     before Hopper: no device, process or GPM utilization); None otherwise, and for an older exporter's
-    entry without the key. A missing value is then unknown, not idle."""
-    return NO_UTILIZATION if gpu.get("utilization_source") == _UNAVAILABLE else None
+    entry without the key, and for a lost GPU (its state says more). A missing value is then unknown, not idle."""
+    return NO_UTILIZATION if gpu.get("utilization_source") == _UNAVAILABLE and gpu.get("state") != "lost" else None

@@ -22,6 +22,8 @@ from exporter.attribution.attribute import (
     NodeAttribution,
     PlacedAllocation,
     ProcessAttribution,
+    device_utilization,
+    utilization_source,
 )
 from exporter.exposition.device_fields import DEVICE_FIELDS, ordered, status_value, value
 from exporter.exposition.health_rows import decode_clocks_event_reasons
@@ -153,6 +155,12 @@ def _process(p: ProcessAttribution, comms: Mapping[int, str]) -> dict[str, Any]:
 def _device_entry(dev: DeviceAttribution, placed: Sequence[PlacedAllocation],
                   comms: Mapping[int, str]) -> dict[str, Any]:
     entry = _device_values(dev.device)
+    # Where the utilization comes from: NVML's device utilization, a MIG instance's GPM (Hopper and later:
+    # its graphics activity), or nowhere (a MIG instance before Hopper): unknown then, never idle.
+    entry["utilization_source"] = source = utilization_source(dev.device)
+    if entry["utilization_percent"] is None and source == "gpm":
+        entry["utilization_percent"] = status_value(_STATUS_FIELDS["utilization_percent"],
+                                                    device_utilization(dev.device))
     entry["allocate_mode"] = dev.mode
     entry["containers"] = _containers(dev, placed)
     entry["unaccounted"] = [_process(p, comms) for p in sorted(dev.unaccounted, key=lambda p: p.pid)]
@@ -171,6 +179,7 @@ def _parent_entry(child: DeviceSample) -> dict[str, Any]:
     model = child.name.split(" MIG ")[0]
     entry.update(uuid=child.parent_uuid, model=model, utilization_percent=None, memory_utilization_percent=None,
                  memory_used_bytes=None, memory_total_bytes=child.card_memory_total_bytes, allocate_mode=None,
+                 utilization_source=None,  # a card in MIG mode: its instances carry their own
                  containers=[], unaccounted=[], xids=[], last_xid_at=None)
     return entry
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.exposition.device_fields import COLUMNS
-from exporter.exposition.health_notes import health_notes
+from exporter.exposition.health_notes import health_notes, utilization_note
 from exporter.exposition.problems import SEVERITIES, counts, when
 
 REFRESH_SECONDS = 5
@@ -68,6 +68,12 @@ def _gib(n: int | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "&ndash;" if v is None else f"{esc(float(v))}&nbsp;%"
+
+
+def _util(g: Mapping[str, Any]) -> str:
+    """The Util cell: NVML's or GPM's percent; where NVML gives this GPU none, say so (unknown, not idle)."""
+    note = utilization_note(g)
+    return f'<span class="mute" title="{esc(note)}">n/a</span>' if note else _pct(g["utilization_percent"])
 
 
 def _flag(good: bool, yes: str, no: str) -> str:
@@ -181,7 +187,7 @@ CARDS = '<span class="mute" title="a value of the whole card: shown once, on its
 def _gpu_row(g: Mapping[str, Any]) -> list[str]:
     if g.get("mig"):  # an instance: the card's power, temperature, energy and health are on the card's row
         return [_flag(g["state"] == "up", "up", "lost"), CARDS, esc(g["minor"]), f'<span class="nw">{esc(g["model"])}'
-                "</span>", _pct(g["utilization_percent"]), f"{_gib(g['memory_used_bytes'])} / "
+                "</span>", _util(g), f"{_gib(g['memory_used_bytes'])} / "
                 f"{_gib(g['memory_total_bytes'])}", CARDS, CARDS, esc(g["allocate_mode"]), _short_uuid(g["uuid"]),
                 CARDS, *(CARDS for _ in COLUMNS)]
     power = esc(g["power_watts"]) + "&nbsp;W" if g["power_watts"] is not None else "&ndash;"
@@ -194,7 +200,7 @@ def _gpu_row(g: Mapping[str, Any]) -> list[str]:
         memory += f" (instances {_gib(g['instances_memory_total_bytes'])})"  # NVML kept the card's total from us
     return [
         _flag(g["state"] == "up", "up", "lost"), f'<div class="health">{_health(g)}</div>', esc(g["minor"]),
-        f'<span class="nw">{esc(g["model"])}</span>', _pct(g["utilization_percent"]), memory, temp, power,
+        f'<span class="nw">{esc(g["model"])}</span>', _util(g), memory, temp, power,
         esc(g["allocate_mode"]), _short_uuid(g["uuid"]), energy, *(esc(g.get(f.status)) for f in COLUMNS),
     ]
 

@@ -137,6 +137,7 @@ class ClusterApp(TopApp):
         "namespaces": (f"Top {TOP} namespaces by GPU use", NAMESPACE_COLUMNS),
         "nodes": ("Nodes: allocation vs use", NODE_COLUMNS),
         "idle": (f"Idle allocations (allocated, using under {IDLE_BELOW:g}% of one GPU)", IDLE_COLUMNS),
+        "unknown": ("Allocations whose use is unknown (no utilisation from NVML on this GPU: not idle)", IDLE_COLUMNS),
     }
 
     def target(self) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.exposition.device_fields import COLUMNS
-from exporter.exposition.health_notes import health_notes
+from exporter.exposition.health_notes import health_notes, utilization_note
 from exporter.exposition.problems import counts, find_problems, iso_time
 
 GIB = 1024**3
@@ -129,6 +129,11 @@ def _health(gpu: Mapping[str, Any]) -> str:
     return _text("; ".join(("!! " if bad else "") + text for text, bad in notes)) or "ok"
 
 
+def _util(gpu: Mapping[str, Any]) -> str:
+    """NVML's or GPM's percent; ``n/a`` where NVML gives this GPU none (unknown, not idle: docs/status.md)."""
+    return "n/a" if utilization_note(gpu) else _num(gpu.get("utilization_percent"))
+
+
 CARD = "card"  # a MIG instance's column of a card-level value (shown once, on the card's row)
 
 
@@ -138,7 +143,7 @@ def gpu_row(label: str, gpu: Mapping[str, Any]) -> Row:
     memory = f"{_gib(gpu.get('memory_used_bytes'))}/{_gib(gpu.get('memory_total_bytes'))}"
     if isinstance(gpu.get("mig"), Mapping):  # the card's power, temperature, energy and health: on its row only
         return (label, _text(gpu.get("model")), _text(gpu.get("state")), _text(gpu.get("allocate_mode")),
-                _num(gpu.get("utilization_percent")), _num(gpu.get("memory_utilization_percent")), memory,
+                _util(gpu), _num(gpu.get("memory_utilization_percent")), memory,
                 *(CARD for _ in range(3 + len(COLUMNS))), CARD)
     power = _num(gpu.get("power_watts"), 0)
     if gpu.get("power_limit_watts") is not None:
@@ -146,7 +151,7 @@ def gpu_row(label: str, gpu: Mapping[str, Any]) -> Row:
     joules = gpu.get("energy_joules")
     energy = _num(joules / 3.6e6, 2) if isinstance(joules, int | float) and not isinstance(joules, bool) else "-"
     return (label, _text(gpu.get("model")), _text(gpu.get("state")), _text(gpu.get("allocate_mode")),
-            _num(gpu.get("utilization_percent")), _num(gpu.get("memory_utilization_percent")), memory, power,
+            _util(gpu), _num(gpu.get("memory_utilization_percent")), memory, power,
             _num(gpu.get("temperature_celsius")), energy, *(_num(gpu.get(f.status), 1) for f in COLUMNS),
             _health(gpu))
 
