@@ -4,8 +4,8 @@ The reproduction: with 300 connections sending wrong passwords at bcrypt cost 12
 behind a 2-slot FIFO without bound, the correct password was cached only 60 s after its last bcrypt,
 and every scrape after t=60 s timed out; a wrong user name answered in a quarter of the time of a
 wrong password. The pure decisions (:func:`lookup`, :func:`admit`) are tested as functions. The
-flood runs for 20 s (not the issue's 3 minutes) against the exporter's own HTTP server and basic
-auth, in this process with the cache's lifetime cut to 5 s, so that it expires during the flood as it
+flood runs for 20 s (``AUTH_FLOOD_SECONDS=180``: the issue's 3 minutes) against the exporter's own HTTP
+server and basic auth, in this process with the cache's lifetime cut to 5 s, so that it expires during the flood as it
 did at 60 s (before the fix that left every scrape waiting behind the flood's bcrypt until it timed
 out); the attacker is a process of its own (tests/auth_flood.py). Halfway, a second Prometheus with a
 credential never cached scrapes from its own address and is answered in time too.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
 import socket
 import subprocess
@@ -188,7 +189,8 @@ def test_results_are_counted_in_the_scrape_tail() -> None:
 
 # --- the flood against the real exporter ------------------------------------------------------
 
-FLOOD_SECONDS = 20.0
+# 20 s in the suite; the 3 minutes: AUTH_FLOOD_SECONDS=180 (docs/deploy.md has both figures)
+FLOOD_SECONDS = float(os.environ.get("AUTH_FLOOD_SECONDS", "20"))
 ATTACKERS = 300  # connections
 ATTACKER_ADDRESSES = 30  # 127.0.0.2 ... : distinct clients on the node's network
 SCRAPE_EVERY, SCRAPE_TIMEOUT = 2.0, 10.0
