@@ -236,7 +236,8 @@ def _mig_device(raw: object, where: str, parent: DeviceSample, parent_not_suppor
         processes=tuple(ProcessUsage(p.pid, p.used_memory_bytes, p.kind) for p in processes),
         parent_uuid=parent.uuid, gpu_instance_id=ints.get("gpu_instance_id"),
         compute_instance_id=ints.get("compute_instance_id"), mig_profile=profile,
-        card_memory_total_bytes=parent.memory_total_bytes, **{f: getattr(parent, f) for f in _MIG_FROM_PARENT},
+        # card_memory_total_bytes stays unknown, as NVML answers it (the aggregate needs privileges in MIG mode)
+        **{f: getattr(parent, f) for f in _MIG_FROM_PARENT},
     )
     gpm = None if m.get("gpm") is None else parse_gpm(m["gpm"], f"{where}.gpm")
     # the card's health but GPM, its GPU instance's: none where the card has none (not_supported)
