@@ -19,14 +19,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "examples" / "mig-a100-node.yaml"
 
 
-def test_device_check_reads_every_device_through_the_real_backend(lib: Path, tmp_path: Path) -> None:
-    scenario = yaml.safe_load(SCENARIO.read_text())
+
+def device_check(lib: Path, tmp_path: Path, scenario: dict) -> tuple[dict, str]:
+    """scripts/device-check.py run against the fake NVML loaded with ``scenario``: its JSON report and stdout."""
     env = subprocess_env(lib.parent, write_config(scenario, tmp_path / "fake.conf"))
     env["OUT"] = str(tmp_path / "out")
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "device-check.py"), "--no-load"], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads((tmp_path / "out" / "device-check.json").read_text())
+    return json.loads((tmp_path / "out" / "device-check.json").read_text()), r.stdout
+
+
+def test_device_check_reads_every_device_through_the_real_backend(lib: Path, tmp_path: Path) -> None:
+    scenario = yaml.safe_load(SCENARIO.read_text())
+    report, _ = device_check(lib, tmp_path, scenario)
     seen = {d["uuid"] for d in report["samples"][0]}
     want = {m["uuid"] for d in scenario["devices"] for m in d.get("mig_devices", [])}
     want |= {d["uuid"] for d in scenario["devices"] if "mig_devices" not in d}
@@ -41,12 +47,7 @@ def test_device_check_reads_every_health_call_and_checks_the_backend_against_it(
     t4 = {"uuid": "GPU-c1000000-0000-4000-8000-000000000000", "name": "Tesla T4", "memory_total_bytes": 16 << 30,
           "memory_used_bytes": 1 << 30, "retired_pages_single_bit": 2, "retired_pages_pending": 0}
     scenario = {"node": "n", "devices": [H100, t4]}
-    env = subprocess_env(lib.parent, write_config(scenario, tmp_path / "fake.conf"))
-    env["OUT"] = str(tmp_path / "out")
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "device-check.py"), "--no-load"], env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads((tmp_path / "out" / "device-check.json").read_text())
+    report, stdout = device_check(lib, tmp_path, scenario)
     checks = report["checks"]
     for uuid in (H100["uuid"], t4["uuid"]):
         assert checks[f"{uuid} health calls"]["ok"] and checks[f"{uuid} backend health agrees"]["ok"]
@@ -67,7 +68,7 @@ def test_device_check_reads_every_health_call_and_checks_the_backend_against_it(
     assert other["nvmlDeviceGetRetiredPages(SINGLE_BIT)"] == {"value": 2}
     assert other["nvmlDeviceGetFanSpeed"] == {"error": "NVMLError_NotSupported"}
     assert other["nvmlGpmQueryDeviceSupport"] == {"value": 0} and "nvmlGpmMetricsGet" not in other
-    assert f"{H100['uuid']} nvmlDeviceGetTotalEnergyConsumption: " in r.stdout
+    assert f"{H100['uuid']} nvmlDeviceGetTotalEnergyConsumption: " in stdout
     assert len(report["sample_seconds"]) == 2
     second = {d["uuid"]: d for d in report["samples"][1]}
     assert second[H100["uuid"]]["health"]["gpm"]["sm_active"] == 0.5  # the backend's second cycle
@@ -77,12 +78,7 @@ def test_device_check_reads_gpm_per_gpu_instance_on_a_hopper_mig_card(lib: Path,
     """examples/mig-h100-node.yaml: the check samples each GPU instance straight (nvmlGpmMigSampleGet) as the
     backend does, and every check holds."""
     scenario = yaml.safe_load((ROOT / "examples" / "mig-h100-node.yaml").read_text())
-    env = subprocess_env(lib.parent, write_config(scenario, tmp_path / "fake.conf"))
-    env["OUT"] = str(tmp_path / "out")
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "device-check.py"), "--no-load"], env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads((tmp_path / "out" / "device-check.json").read_text())
+    report, _ = device_check(lib, tmp_path, scenario)
     assert all(c["ok"] for c in report["checks"].values()), report["checks"]
     card = report["health_direct"][scenario["devices"][0]["uuid"]]
     assert card["gpm sm_active (percent) (GPU instance 2)"]["value"] == pytest.approx(81.0)
