@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.footprint_load import _answer
+from bench.run import percentile
+from tests.integration_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE = "846ef4f"  # main before the stored status page: /status.json and / rendered per request
@@ -45,12 +46,6 @@ def node(gpus: int, pods: int) -> dict[str, Any]:
             p["used_memory_bytes"], p["sm_util"] = 64 << 20, p["sm_util"] % 7
         d["memory_used_bytes"] = (64 << 20) * len(d["processes"]) + (512 << 20)
     return scenario
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tree(ref: str, into: Path) -> Path:
@@ -70,11 +65,11 @@ def _get(url: str, timeout: float = 2.0) -> int:
 
 
 def _percentiles(values: list[float]) -> dict[str, float | int]:
-    s = sorted(values)
-    if not s:
+    """Latencies (s) as milliseconds: nearest-rank p50 and p99 (bench/run.py's), max."""
+    if not values:
         return {"n": 0}
-    return {"n": len(s), "p50_ms": round(1e3 * s[len(s) // 2], 2),
-            "p99_ms": round(1e3 * s[min(len(s) - 1, int(len(s) * 0.99))], 2), "max_ms": round(1e3 * s[-1], 2)}
+    return {"n": len(values), "p50_ms": round(1e3 * percentile(values, 50), 2),
+            "p99_ms": round(1e3 * percentile(values, 99), 2), "max_ms": round(1e3 * max(values), 2)}
 
 
 async def _loop(port: int, path: str, gz: bool, seconds: float, pause: float) -> tuple[list[float], int]:
@@ -122,7 +117,7 @@ def _exporter(tree: Path, scenario: Path, port: int) -> subprocess.Popen:
 
 
 def run_one(tree: Path, scenario: Path, seconds: float, clients: int) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     proc = _exporter(tree, scenario, port)
     try:
         time.sleep(2)  # a few cycles: the pod cache warm
