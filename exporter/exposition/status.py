@@ -2,10 +2,11 @@
 
 :func:`build_status` turns one cycle's attribution, sample, exporter counters and the Xid watcher's
 counts into an immutable tree (mappings are read-only, lists are tuples) stored on the
-:class:`~exporter.exposition.snapshot.Snapshot`. A request calls :func:`status_view`: a plain
-copy with the two values that change between cycles (the snapshot's age, the failure count a
-failed cycle sets on the served snapshot) and, given a catalog, each Xid's meaning. Nothing here
-reads a source; docs/status.md describes the fields.
+:class:`~exporter.exposition.snapshot.Snapshot`. :func:`status_view` makes a plain copy with the
+two values that change between cycles (the snapshot's age, the failure count a failed cycle sets on
+the served snapshot), each Xid's meaning given a catalog, and the problems: the sampler renders it
+once per cycle into the stored page (exporter/exposition/status_page.py), so a request only fills in
+the age. Nothing here reads a source; docs/status.md describes the fields.
 """
 
 from __future__ import annotations
@@ -298,8 +299,8 @@ XidCatalog = Callable[[int], Mapping[str, str]]
 
 def status_view(status: Status, failures: int | None, now: float, ready: bool,
                 xid_catalog: XidCatalog | None = None) -> dict[str, Any]:
-    """What a request serves: a plain copy of ``status`` with its age, failure count, Xid meanings and the
-    problems judged at ``now`` (exporter/exposition/problems.py).
+    """What the page shows (rendered once per cycle, status_page.py): a plain copy of ``status`` with its
+    age, failure count, Xid meanings and the problems judged at ``now`` (exporter/exposition/problems.py).
 
     ``failures`` is the served snapshot's count (a failed cycle updates the snapshot, not its status tree).
     """
