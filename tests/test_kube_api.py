@@ -7,8 +7,10 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,6 +138,43 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced() -> None:
         double.come_back()
         assert len(api.get("/api/v1/pods")["items"]) == 1
         assert [r.status for r in double.requests_to("GET", "/api/v1/pods")] == [200, 200]
+
+
+@pytest.mark.e2e
+def test_a_watch_a_silent_peer_never_answers_fails_at_the_connect_timeout() -> None:
+    """A peer that accepts and sends nothing (a load balancer without backends): the watch fails at
+    connect_timeout, not at read_timeout (330 s by default), so the pod watcher relists on time."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        api = KubeApi(f"http://127.0.0.1:{listener.getsockname()[1]}")
+        outcome: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                api.watch("/api/v1/pods", {}, connect_timeout=0.2, read_timeout=300)
+            except BaseException as exc:  # the test inspects it
+                outcome.append(exc)
+
+        t = threading.Thread(target=start, daemon=True)
+        t.start()
+        t.join(30)  # at read_timeout it would still be waiting
+        assert not t.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], TimeoutError)
+
+
+@pytest.mark.e2e
+def test_an_idle_watch_outlives_the_connect_timeout() -> None:
+    """The connect timeout stops applying once the headers are in: a quiet stream reads on."""
+    with ApiServerDouble() as double:
+        stream = kube_api_for(double).watch("/api/v1/pods", {"resourceVersion": str(double.resource_version)},
+                                            connect_timeout=0.2, read_timeout=30)
+        try:
+            events = stream.events()
+            time.sleep(0.6)  # quiet for three connect timeouts: the time passing is what is tested
+            double.add_pod(make_pod("late", node="n"))
+            event = next(events)
+            assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "late")
+        finally:
+            stream.close()
 
 
 @pytest.mark.e2e

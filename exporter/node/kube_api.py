@@ -164,14 +164,19 @@ class KubeApi:
 
     def watch(self, path: str, query: Mapping[str, Any], *, connect_timeout: float = 30.0,
               read_timeout: float = 330.0) -> WatchStream:
-        """Start a watch (``watch=true`` is added) on a connection of its own."""
+        """Start a watch (``watch=true`` is added) on a connection of its own.
+
+        ``connect_timeout`` bounds the connection and the response's headers (the API server sends them
+        as the watch starts), so a peer that accepts and never answers fails as fast as a refused one;
+        ``read_timeout`` then bounds each read of the event stream.
+        """
         self._wait_turn()
         conn = self._connect(connect_timeout)
         try:
             conn.request("GET", self._target(path, {**query, "watch": True}), headers=self._headers(None))
+            resp = conn.getresponse()
             if conn.sock is not None:
                 conn.sock.settimeout(read_timeout)  # past the server's timeoutSeconds: a silent peer still ends
-            resp = conn.getresponse()
             if not 200 <= resp.status < 300:
                 raise ApiException(resp.status, resp.reason, resp.read())
         except BaseException:
