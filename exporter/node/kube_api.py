@@ -16,6 +16,11 @@ Every request and every watch started waits for a token of the client's :attr:`K
 (:mod:`exporter.node.rate_limit`, client-go's QPS/burst), one per process, so the callers together
 stay under it.
 
+Answers are bounded: a response body over :data:`MAX_RESPONSE_BYTES` or a watch event over
+:data:`MAX_EVENT_BYTES` raises :class:`ApiResponseTooLarge` (one line) after reading no further, so a
+list that grew past what the DaemonSet's memory limit holds fails as a counted sync error that keeps
+the last good view, not as an OOM kill that loses it on every restart.
+
 Each thread keeps one connection alive for its requests; a request that fails on a connection the
 server closed while idle is sent once more on a new one. A watch gets a connection of its own,
 which :meth:`WatchStream.shutdown` closes from another thread to end a blocked read at once.
@@ -40,6 +45,12 @@ from exporter.node.rate_limit import RateLimiter
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 USER_AGENT = f"kube-gpu-exporter/{__version__}"
+# A pod list page of this node's pods (at most 500 per page, a few hundred per node, typically tens of
+# KiB each) fits many times over; the chart's memory limit (128 Mi) would not hold the decoded JSON of
+# much more. A watch event is one object: the API server refuses objects over about 1.5 MiB (etcd's
+# request limit), JSON-encoded a few times that at most.
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+MAX_EVENT_BYTES = 8 * 1024 * 1024
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 
 
@@ -52,6 +63,25 @@ class ApiException(Exception):
         with contextlib.suppress(ValueError, AttributeError):
             message = json.loads(body).get("message", "")
         super().__init__(f"({status}) {reason}" + (f": {message}" if message else ""))
+
+
+class ApiResponseTooLarge(Exception):
+    """An answer over the client's bound: refused after reading ``limit`` bytes and no further."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"{what} over {limit:,} bytes: refused, not read further")
+
+
+def _read_capped(resp: http.client.HTTPResponse, limit: int) -> bytes:
+    """The whole body, or :class:`ApiResponseTooLarge` once it passes ``limit`` (read no further)."""
+    length = resp.getheader("Content-Length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiResponseTooLarge(f"API answer of {int(length):,} bytes", limit)
+    data = resp.read(limit + 1)
+    if len(data) > limit:
+        raise ApiResponseTooLarge("API answer", limit)
+    return data
 
 
 class KubeConfigError(Exception):
@@ -90,7 +120,8 @@ class KubeApi:
     """JSON requests to one API server; thread-safe (each thread has its own connection)."""
 
     def __init__(self, host: str, *, authorization: Callable[[], str | None] = lambda: None,
-                 ssl_context: Callable[[], Any] | None = None, limiter: RateLimiter | None = None) -> None:
+                 ssl_context: Callable[[], Any] | None = None, limiter: RateLimiter | None = None,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.host = host.rstrip("/")
         url = urllib.parse.urlsplit(self.host)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -101,6 +132,7 @@ class KubeApi:
         self._ssl_context = ssl_context
         self._local = threading.local()
         self.limiter = limiter  # shared by every caller of this client; None: unlimited (tests)
+        self.max_response_bytes, self.max_event_bytes = max_response_bytes, max_event_bytes
 
     # ------------------------------------------------------------------ plumbing
 
@@ -147,7 +179,11 @@ class KubeApi:
             try:
                 conn.request(method, target, body=data, headers=headers)
                 resp = conn.getresponse()
-                raw = resp.read()
+                raw = _read_capped(resp, self.max_response_bytes)
+            except ApiResponseTooLarge:
+                conn.close()  # the rest of the body is still on the wire: the connection is unusable
+                self._local.conn = None
+                raise
             except BaseException as e:
                 conn.close()
                 self._local.conn = None
@@ -178,11 +214,11 @@ class KubeApi:
             if conn.sock is not None:
                 conn.sock.settimeout(read_timeout)  # past the server's timeoutSeconds: a silent peer still ends
             if not 200 <= resp.status < 300:
-                raise ApiException(resp.status, resp.reason, resp.read())
+                raise ApiException(resp.status, resp.reason, resp.read(64 * 1024))
         except BaseException:
             conn.close()
             raise
-        return WatchStream(conn, resp)
+        return WatchStream(conn, resp, self.max_event_bytes)
 
     def _wait_turn(self) -> None:
         if self.limiter is not None:
@@ -207,22 +243,33 @@ class KubeApi:
 class WatchStream:
     """A watch response: newline-delimited JSON events."""
 
-    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
-        self._conn, self._resp = conn, resp
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse,
+                 max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self._conn, self._resp, self._max_event = conn, resp, max_event_bytes
 
     def events(self) -> Iterator[dict[str, Any]]:
-        """Each event object until the server ends the watch; raises on a broken stream."""
-        buf = b""
+        """Each event object until the server ends the watch; raises on a broken stream or an event
+        over the bound (:class:`ApiResponseTooLarge`)."""
+        pending: list[bytes] = []  # the current line's chunks: joined once, when its newline comes
+        size = 0
         while chunk := self._resp.read1(65536):
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
+            *complete, rest = chunk.split(b"\n")
+            for part in complete:
+                line = b"".join([*pending, part]) if pending else part
+                pending, size = [], 0
+                if len(line) > self._max_event:
+                    raise ApiResponseTooLarge("watch event", self._max_event)
                 if line.strip():
                     event = json.loads(line)
                     if not isinstance(event, dict):
                         raise ValueError("watch event is not an object")
                     yield event
-        if buf.strip():
+            if rest:
+                pending.append(rest)
+                size += len(rest)
+                if size > self._max_event:
+                    raise ApiResponseTooLarge("watch event", self._max_event)
+        if b"".join(pending).strip():
             raise ValueError("watch stream ended in the middle of an event")
 
     def shutdown(self) -> None:
