@@ -46,7 +46,7 @@ from exporter.xid.parse import (
 
 DATA = Path(__file__).parent / "data" / "realworld"
 KINDS = ("cgroup", "kmsg", "pod", "dra")
-MIN_CASES = 190
+MIN_CASES = 198
 # dmesg's "[  219.470994]" boot-relative timestamp, wherever the line carries one.
 _DMESG_TS = re.compile(r"\[\s*(?P<sec>\d+)\.(?P<usec>\d{1,6})\]")
 
