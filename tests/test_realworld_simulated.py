@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exporter.exposition.status import status_view
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from tests.integration_support import ExporterProcess, Key, free_port, parse_exposition, seed_rows
@@ -175,11 +176,46 @@ def test_realworld_nvidia_mps() -> None:
         assert one(s, "nvidia_gpu_duty_cycle", uuid=uuid, allocate_mode="share", **pod) == sm
         assert one(s, "nvidia_gpu_memory_used_bytes", uuid=uuid, allocate_mode="share", **pod) == used
     assert modes(s, H100_0) == modes(s, H100_1) == {"None", "share"}
-    # the control daemon's nvidia-cuda-mps-server holds no GPU: unaccounted, with its pod's labels
+    # The control daemon's nvidia-cuda-mps-server holds no GPU and runs in the device plugin's namespace: the
+    # GPUs' infrastructure (attribution rule 9), neither a share user nor unaccounted, so
+    # KubeGpuUnaccountedProcesses stays silent; its process rows keep its pod's labels.
+    daemon = who("nvidia-device-plugin", "nvidia-device-plugin-mps-control-daemon-6xq4t", "mps-control-daemon-ctr")
+    assert rows(s, "nvidia_gpu_unaccounted_process_memory_used_bytes") == []
+    assert rows(s, "nvidia_gpu_duty_cycle", **daemon) == rows(s, "nvidia_gpu_allocated_memory_bytes", **daemon) == []
+    for uuid in (H100_0, H100_1):
+        assert one(s, "nvidia_gpu_process_memory_used_bytes", uuid=uuid, pid="3301", **daemon) == 31457280
+
+
+def test_the_mps_server_is_listed_as_infrastructure_and_raises_no_problem() -> None:
+    daemon = build_daemon(load_config(["--simulate", str(EXAMPLES / "realworld-nvidia-mps.yaml")]))
+    try:
+        snapshot, _ = daemon.pipeline.step()
+    finally:
+        daemon.close()
+    tree = status_view(snapshot.status, 0, snapshot.status["built_at"], True)
+    for gpu in tree["gpus"]:
+        assert gpu["unaccounted"] == []
+        assert [(p["pid"], p["comm"], p["namespace"]) for p in gpu["infrastructure"]] == [
+            (3301, "nvidia-cuda-mps", "nvidia-device-plugin")]
+    assert not [p for p in tree["problems"] if p["kind"] == "unaccounted_process"]
+
+
+def test_an_mps_daemon_outside_the_infrastructure_namespaces_stays_unaccounted() -> None:
+    """The command name is its author's; the namespace is not: with the device plugin's namespace not
+    listed, its server is a process no container was allocated the GPU for, as before rule 9."""
+    s = parse_exposition(_step_body(["--infrastructure-namespaces", "kube-system"]))
     daemon = who("nvidia-device-plugin", "nvidia-device-plugin-mps-control-daemon-6xq4t", "mps-control-daemon-ctr")
     for uuid in (H100_0, H100_1):
         assert one(s, "nvidia_gpu_unaccounted_process_memory_used_bytes", uuid=uuid, pid="3301", **daemon) == 31457280
-    assert rows(s, "nvidia_gpu_allocated_memory_bytes", **daemon) == []
+
+
+def _step_body(flags: list[str]) -> str:
+    daemon = build_daemon(load_config(["--simulate", str(EXAMPLES / "realworld-nvidia-mps.yaml"), *flags]))
+    try:
+        snapshot, _ = daemon.pipeline.step()
+    finally:
+        daemon.close()
+    return snapshot.body.decode()
 
 
 def test_mps_share_rows_carry_the_memory_each_client_was_allocated() -> None:

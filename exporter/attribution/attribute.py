@@ -38,6 +38,8 @@ pid -> cgroup placement from /proc, the node's pods and the allocations of
    on the claimed GPU with the mode its scheme gives. Such containers are counted per scheme in
    ``disagreements``. The kubelet's own answer (pod-resources) is never second-guessed:
    processes outside it stay unaccounted (rule 6).
+9. An MPS daemon of the host or of an infrastructure namespace is neither user nor unaccounted
+   (:mod:`exporter.attribution.infrastructure`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from exporter.attribution import infrastructure
 from exporter.attribution.schemes.base import Allocation
 from exporter.model import CgroupRef, ContainerInfo, DeviceSample, NodeSample, PodInfo, UtilSample
 
@@ -94,6 +97,7 @@ class DeviceAttribution:
     users: tuple[ContainerUsage, ...]  # one for exclusive, the share rows for share, () for None
     unaccounted: tuple[ProcessAttribution, ...]
     processes: tuple[ProcessAttribution, ...]
+    infrastructure: tuple[ProcessAttribution, ...] = ()  # rule 9: in `processes`, in no other list
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +188,10 @@ def attribute(
     pids: Mapping[int, CgroupRef | None],
     pods: PodLookup,
     allocations: Sequence[Allocation],
+    comms: Mapping[int, str] | None = None,
+    infra_namespaces: frozenset[str] = frozenset(infrastructure.DEFAULT_NAMESPACES),
 ) -> NodeAttribution:
-    """Apply the rules in the module docstring to one sampling cycle."""
+    """Apply the rules in the module docstring to one sampling cycle (``comms``: /proc/<pid>/comm)."""
     skip = SkipCounter()
     devices = {d.uuid: d for d in sample.devices}
     procs = {d.uuid: _device_processes(d, pids, pods, skip) for d in sample.devices}
@@ -199,7 +205,8 @@ def attribute(
         disagreements[scheme] = disagreements.get(scheme, 0) + n
 
     pods_used: dict[str, PodInfo] = {}
-    results = [_device(d, procs[d.uuid], holders[d.uuid], pods, pods_used, skip) for d in sample.devices]
+    results = [_device(d, procs[d.uuid], holders[d.uuid], pods, pods_used, skip, comms or {}, infra_namespaces)
+               for d in sample.devices]
     modes = {r.device.uuid: r.mode for r in results}
     placed_out = _placed_allocations(placed, devices, modes, pods, pods_used, moved)
     return NodeAttribution(tuple(results), placed_out,
@@ -315,9 +322,11 @@ def _place(allocations: Sequence[Allocation], devices: Mapping[str, DeviceSample
     return placed
 
 
-def _device(d: DeviceSample, rows: list[ProcessAttribution], held: Mapping[ContainerKey, Allocation],
-            pods: PodLookup, pods_used: dict[str, PodInfo], skip: SkipCounter) -> DeviceAttribution:
-    """One GPU's mode, its users and its unaccounted processes (rules 3, 5 and 6)."""
+def _device(d: DeviceSample, every: list[ProcessAttribution], held: Mapping[ContainerKey, Allocation],
+            pods: PodLookup, pods_used: dict[str, PodInfo], skip: SkipCounter, comms: Mapping[int, str],
+            infra_namespaces: frozenset[str]) -> DeviceAttribution:
+    """One GPU's mode, its users and its unaccounted processes (rules 3, 5, 6 and 9)."""
+    rows, infra = infrastructure.split(every, held, comms, infra_namespaces)
     per_container: dict[ContainerKey, list[ProcessAttribution]] = {}
     for r in rows:
         if r.pod is not None and r.container is not None:
@@ -343,10 +352,10 @@ def _device(d: DeviceSample, rows: list[ProcessAttribution], held: Mapping[Conta
         users.sort(key=lambda u: (u.pod.namespace, u.pod.name, u.container))
     unaccounted = tuple(r for r in rows if r.pod is None or r.container is None or
                         (r.pod.uid, r.container) not in held)
-    for r in unaccounted:
+    for r in (*unaccounted, *infra):
         if r.pod is not None:
             pods_used[r.pod.uid] = r.pod
-    return DeviceAttribution(d, mode, tuple(users), unaccounted, tuple(rows))
+    return DeviceAttribution(d, mode, tuple(users), unaccounted, tuple(every), infra)
 
 
 def _usage(d: DeviceSample, mode: str, mine: list[ProcessAttribution]) -> tuple[float | None, int | None]:

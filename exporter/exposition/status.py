@@ -165,6 +165,7 @@ def _device_entry(dev: DeviceAttribution, placed: Sequence[PlacedAllocation],
     entry["allocate_mode"] = dev.mode
     entry["containers"] = _containers(dev, placed)
     entry["unaccounted"] = [_process(p, comms) for p in sorted(dev.unaccounted, key=lambda p: p.pid)]
+    entry["infrastructure"] = [_process(p, comms) for p in sorted(dev.infrastructure, key=lambda p: p.pid)]
     entry["xids"], entry["last_xid_at"] = [], None
     if dev.device.parent_uuid is not None:
         entry["mig"] = {"profile": dev.device.mig_profile, "gpu_instance_id": dev.device.gpu_instance_id,
@@ -181,7 +182,7 @@ def _parent_entry(child: DeviceSample) -> dict[str, Any]:
     entry.update(uuid=child.parent_uuid, model=model, utilization_percent=None, memory_utilization_percent=None,
                  memory_used_bytes=None, memory_total_bytes=child.card_memory_total_bytes, allocate_mode=None,
                  utilization_source=None,  # a card in MIG mode: its instances carry their own
-                 containers=[], unaccounted=[], xids=[], last_xid_at=None)
+                 containers=[], unaccounted=[], infrastructure=[], xids=[], last_xid_at=None)
     return entry
 
 

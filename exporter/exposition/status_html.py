@@ -239,12 +239,13 @@ def _containers(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None] =
                    "Use SM", "Use memory"], cells, frozenset({5, 6, 7, 8}), marks) + _omitted(omitted, "containers")
 
 
-def _unaccounted(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None], omitted: Any = 0) -> str:
+def _unaccounted(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None], omitted: Any = 0,
+                 heading: str = "Unaccounted processes") -> str:
     if not rows:
         return ""
     cells = [[esc(p["pid"]), f"<code>{esc(p.get('comm'))}</code>", _gib(p["memory_bytes"]), _pct(p["sm_percent"]),
               esc(f"{p['namespace']}/{p['pod']}" if p["pod"] else "host"), esc(p["container"])] for p in rows]
-    return "<h3>Unaccounted processes</h3>" + _table(["PID", "Command", "Memory", "SM", "Pod", "Container"], cells,
+    return f"<h3>{heading}</h3>" + _table(["PID", "Command", "Memory", "SM", "Pod", "Container"], cells,
                                                       frozenset({0, 2, 3}), marks) + _omitted(omitted, "processes")
 
 
@@ -278,6 +279,8 @@ def _device(g: Mapping[str, Any], now: float, marks: _Marks, mig: bool = False) 
              _containers(g["containers"], containers, g.get("containers_omitted"))
              if g["containers"] or not g.get("instances") else "",
              _unaccounted(g["unaccounted"], processes, g.get("unaccounted_omitted")),
+             _unaccounted(g.get("infrastructure") or [], (), g.get("infrastructure_omitted"),
+                          "Infrastructure (MPS daemons)"),
              _xids(g["xids"], now, [marks.xid(uuid, x["xid"]) for x in g["xids"]])]
     parts += [_device(i, now, marks, mig=True) for i in g.get("instances", ())]
     return "".join(parts) + "</section>"

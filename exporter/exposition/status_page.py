@@ -24,7 +24,7 @@ from exporter.exposition.status_html import banner, esc, page_text
 from exporter.exposition.stored_doc import Chunk, StoredDoc, compile_doc, fill, fill_gzip
 
 MAX_ROWS = 100  # per list: a GPU's containers, its processes, an Xid's pods, the unplaced, the problems
-OMITTED_KEYS = ("problems", "containers", "unaccounted", "unplaced", "xid_pods")
+OMITTED_KEYS = ("problems", "containers", "unaccounted", "infrastructure", "unplaced", "xid_pods")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,7 @@ def cap_view(view: dict[str, Any], limit: int = MAX_ROWS) -> dict[str, int]:
     for e in entries:
         _cut(e, "containers", limit, omitted, "containers")
         _cut(e, "unaccounted", limit, omitted, "unaccounted")
+        _cut(e, "infrastructure", limit, omitted, "infrastructure")
     for x in [*view["other_xids"], *(x for e in entries for x in e["xids"])]:
         _cut(x, "pods", limit, omitted, "xid_pods")
     rows = view["unplaced"]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 
+from exporter.attribution import infrastructure
 from exporter.attribution.allocations import AllocationInputs, compute_allocations
 from exporter.attribution.attribute import NodeAttribution, PodLookup, attribute
 from exporter.attribution.dra_objects import PodClaims
@@ -92,6 +93,8 @@ class Settings:
     dcgm_compat: bool = False  # dcgm-exporter's DCGM_FI_* series too
     clock: Callable[[], float] = time.time
     xid_catalog: XidCatalog | None = None  # each Xid's meaning on the status page (the shell wires the catalog)
+    # Namespaces whose MPS daemons are the GPUs' infrastructure, not tenants (attribution rule 9).
+    infrastructure_namespaces: frozenset[str] = frozenset(infrastructure.DEFAULT_NAMESPACES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +152,8 @@ class Pipeline:
         placement = read("proc", "resolve", lambda: src.proc.resolve(pids), {})
         state = read("pods", "view", src.pods, _NO_PODS)
         allocations = compute_allocations(self.allocation_inputs(state, sample))
-        attr = attribute(sample, placement, state.view, allocations.allocations)
+        attr = attribute(sample, placement, state.view, allocations.allocations, src.comms(),
+                         self.settings.infrastructure_namespaces)
         if sample.duration_seconds == 0.0:
             sample = replace(sample, duration_seconds=time.monotonic() - started)
         self.samples_total += 1

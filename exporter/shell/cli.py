@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from exporter.attribution.infrastructure import parse_namespaces
 from exporter.exposition.pod_labels import parse_allowlist
 from exporter.exposition.rows import LabelNames
 from exporter.exposition.snapshot import empty_snapshot
@@ -156,7 +157,8 @@ def build_daemon(cfg: Config) -> Daemon:
                                            "kernel_log": xid_families.state()})
     pipeline = Pipeline(sources, Settings(node, names, cfg.per_process_metrics, dcgm_compat=cfg.dcgm_compat,
                                           pod_labels=parse_allowlist(cfg.pod_labels_allowlist),  # validated
-                                          xid_catalog=catalog_entry))
+                                          xid_catalog=catalog_entry,
+                                          infrastructure_namespaces=parse_namespaces(cfg.infrastructure_namespaces)))
     monitor = CycleMonitor(pipeline, ready_without_nvml=cfg.ready_without_nvml,
                            pod_watch=cfg.pod_watch and not cfg.simulate, xid_stats=xid_families.stats)
     # After the Xid watcher's start: the summary tells whether it reads the kernel log.

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
+from exporter.attribution.infrastructure import DEFAULT_NAMESPACES, parse_namespaces
 from exporter.exposition.label_names import FIXED_LABELS as FIXED_LABELS  # public here too (tests)
 from exporter.exposition.label_names import check_label_names
 from exporter.exposition.pod_labels import MAX_KEY_LENGTH, MAX_LABELS_PER_POD, PREFIX, AllowlistError, parse_allowlist
@@ -60,6 +61,7 @@ class Config:
     kube_api_qps: float = 5.0
     kube_api_burst: int = 10
     dra_max_claims_per_pod: int = 8
+    infrastructure_namespaces: str = ",".join(DEFAULT_NAMESPACES)
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -122,6 +124,10 @@ OPTIONS: tuple[Option, ...] = (
            f"match, tried on keys of at most {MAX_KEY_LENGTH} characters); a pod's matching labels are copied onto "
            f"nvidia_gpu_pod_info, named {PREFIX} + the sanitised key, at most {MAX_LABELS_PER_POD} per pod "
            "(docs/metrics.md#chargeback-by-pod-label); empty: none"),
+    Option("--infrastructure-namespaces", ",".join(DEFAULT_NAMESPACES), "comma-separated namespaces whose MPS "
+           "daemons (nvidia-cuda-mps-server, -control) are the GPUs' infrastructure: listed as such, neither a "
+           "GPU's user nor unaccounted (docs/sharing.md#infrastructure); a tenant's process of that name elsewhere "
+           "stays unaccounted"),
     Option("--per-process-metrics", False, "also export one row per GPU process", bool),
     Option("--nvlink-metrics", True, "export the NVLink families (nvidia_gpu_nvlink_*, six series per link; a MIG "
            "card's once, on the card's uuid); off: NVLink is not read from NVML and no NVLink series is served, "
@@ -317,6 +323,10 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, c
     check_label_names([(sources[d], str(values[d])) for d in ("pod_label", "namespace_label", "container_label")],
                       ConfigError)
     _check_pod_labels_allowlist(cfg, sources)
+    try:
+        parse_namespaces(cfg.infrastructure_namespaces)
+    except ValueError as e:
+        raise ConfigError(f"{sources['infrastructure_namespaces']}: {e}") from None
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{sources['log_level']} must be debug, info, warning or error, got {cfg.log_level!r}")
     if cfg.xid_events_namespace not in NODE_EVENT_NAMESPACES:
