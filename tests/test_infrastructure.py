@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from exporter.attribution.allocations import AllocationInputs, compute_allocations
 from exporter.attribution.attribute import EXCLUSIVE, NONE, SHARE, attribute
-from exporter.attribution.infrastructure import MPS_COMM, parse_namespaces
+from exporter.attribution.infrastructure import DEFAULT_NAMESPACES, MPS_COMM, parse_namespaces
 from exporter.model import NodeSample
 from tests.test_attribution import MIB, Pods, gpu, in_pod, pod
 
@@ -53,6 +53,14 @@ def test_the_mps_server_of_an_infrastructure_namespace_is_neither_user_nor_unacc
         [(SERVER[0], 30 * MIB)], [(SERVER[0], 30 * MIB)]]
     assert [[u.pod.name for u in d.users] for d in after.devices] == [["pod-1"], []]
     assert all(SERVER[0] in {p.pid for p in d.processes} for d in after.devices)  # per-process rows keep it
+
+
+@pytest.mark.parametrize("namespace", DEFAULT_NAMESPACES)
+def test_each_default_namespace_holds_infrastructure(namespace: str) -> None:
+    """GKE and static pods, the GPU operator (Helm, OpenShift), the device plugin's and the DRA driver's
+    charts (the driver's mps-control-daemon-<claim uid> Deployment runs in its own namespace)."""
+    _, after = _attr(_pods(daemon_namespace=namespace), {SERVER[0]: MPS_COMM})
+    assert [[p.pid for p in d.infrastructure] for d in after.devices] == [[SERVER[0]], [SERVER[0]]]
 
 
 def test_a_host_mps_server_is_infrastructure_too() -> None:
