@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from exporter.attribution.allocations import AllocationInputs, compute_allocations
-from exporter.attribution.attribute import (
+from exporter.attribution.utilization import (
     UTILIZATION_GPM,
     UTILIZATION_NVML,
     UTILIZATION_UNAVAILABLE,

@@ -25,9 +25,9 @@ from exporter.attribution.attribute import (
     ContainerUsage,
     DeviceAttribution,
     NodeAttribution,
-    device_utilization,
 )
 from exporter.attribution.usage_counters import RETAIN_CYCLES, UsageCounters, advance
+from exporter.attribution.utilization import device_utilization
 from exporter.exposition.rows import ExporterStats, LabelNames, build_families
 from exporter.exposition.usage_rows import usage_families
 from exporter.model import DeviceHealth, DeviceSample, GpmSample, NodeSample, PodInfo

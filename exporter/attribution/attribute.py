@@ -50,6 +50,7 @@ from typing import Protocol
 
 from exporter.attribution import infrastructure
 from exporter.attribution.schemes.base import Allocation
+from exporter.attribution.utilization import device_utilization
 from exporter.model import CgroupRef, ContainerInfo, DeviceSample, NodeSample, PodInfo, UtilSample
 
 EXCLUSIVE = "exclusive"
@@ -121,31 +122,6 @@ class NodeAttribution:
     pods: tuple[PodInfo, ...]  # pods holding or using a GPU on this node
     skips: Mapping[str, int]
     disagreements: Mapping[str, int] = field(default_factory=dict)  # scheme -> containers (rules 7, 8)
-
-
-def device_utilization(d: DeviceSample) -> float | None:
-    """The device's busy percent: NVML's utilization, or on a MIG device (which NVML gives none) its GPU
-    instance's graphics engine activity (GPM, Hopper and newer), the same measure; None where neither is."""
-    if d.utilization_gpu is not None:
-        return float(d.utilization_gpu)
-    gpm = d.health.gpm
-    if d.parent_uuid is not None and gpm is not None and gpm.graphics_active is not None:
-        return gpm.graphics_active * 100
-    return None
-
-
-# Where a device's busy percent comes from (utilization_source): the status tree's key for it, so the
-# page and `top` can say "utilisation not available from NVML on this GPU" instead of a silent dash.
-UTILIZATION_NVML = "nvml"  # nvmlDeviceGetUtilizationRates
-UTILIZATION_GPM = "gpm"  # a MIG device's GPU instance's GPM (GRAPHICS_UTIL), Hopper and newer
-UTILIZATION_UNAVAILABLE = "unavailable"  # neither: a MIG device before Hopper (A100, A30), NotSupported
-
-
-def utilization_source(d: DeviceSample) -> str:
-    """Which of the three :func:`device_utilization` reads on ``d`` this cycle (a lost GPU: unavailable)."""
-    if d.utilization_gpu is not None:
-        return UTILIZATION_NVML
-    return UTILIZATION_UNAVAILABLE if device_utilization(d) is None else UTILIZATION_GPM
 
 
 def combine_util_samples(samples: Sequence[UtilSample]) -> dict[int, float]:

@@ -40,8 +40,8 @@ from exporter.attribution.attribute import (
     ContainerUsage,
     DeviceAttribution,
     NodeAttribution,
-    device_utilization,
 )
+from exporter.attribution.utilization import device_utilization
 from exporter.model import EMPTY, DeviceSample, NodeSample
 
 # (uuid, minor_number, name, namespace, pod, container): one counter row's label values; "" pod

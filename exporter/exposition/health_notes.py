@@ -33,7 +33,7 @@ def health_notes(gpu: Mapping[str, Any]) -> list[tuple[str, bool]] | None:
     return notes
 
 
-# attribution.attribute.UTILIZATION_UNAVAILABLE, the value of a GPU entry's ``utilization_source`` (this
+# attribution.utilization.UTILIZATION_UNAVAILABLE, the value of a GPU entry's ``utilization_source`` (this
 # module imports nothing of ours: ``top`` reads a remote exporter's JSON with it)
 _UNAVAILABLE = "unavailable"
 NO_UTILIZATION = "utilisation not available from NVML on this GPU"

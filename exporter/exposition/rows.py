@@ -19,10 +19,10 @@ from exporter.attribution.attribute import (
     SHARE,
     DeviceAttribution,
     NodeAttribution,
-    device_utilization,
     granted_memory,
 )
 from exporter.attribution.usage_counters import UsageCounters
+from exporter.attribution.utilization import device_utilization
 from exporter.exposition.device_fields import in_group, native, value
 from exporter.exposition.health_rows import health_families
 from exporter.exposition.label_names import LabelNames  # also imported from here by callers

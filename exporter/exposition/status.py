@@ -23,9 +23,8 @@ from exporter.attribution.attribute import (
     NodeAttribution,
     PlacedAllocation,
     ProcessAttribution,
-    device_utilization,
-    utilization_source,
 )
+from exporter.attribution.utilization import device_utilization, utilization_source
 from exporter.exposition.device_fields import DEVICE_FIELDS, ordered, status_value, value
 from exporter.exposition.health_rows import decode_clocks_event_reasons
 from exporter.exposition.problems import find_problems
