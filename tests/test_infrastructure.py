@@ -69,6 +69,14 @@ def test_a_host_mps_server_is_infrastructure_too() -> None:
     assert [d.unaccounted for d in after.devices] == [(), ()]
 
 
+def test_a_pod_the_cache_does_not_know_is_no_host_process() -> None:
+    """Its cgroup names a pod the pod cache has not seen (just started, or the API down): no namespace to
+    trust, so its MPS-named process stays unaccounted rather than passing for the host's."""
+    _, after = _attr(Pods.of(pod(1, {"nvidia.com/gpu": "1"})), {SERVER[0]: MPS_COMM})
+    assert [[p.pid for p in d.unaccounted] for d in after.devices] == [[SERVER[0]], [SERVER[0]]]
+    assert [d.infrastructure for d in after.devices] == [(), ()]
+
+
 def test_a_tenant_naming_its_process_so_stays_unaccounted() -> None:
     _, after = _attr(_pods(daemon_namespace="team-a"), {SERVER[0]: MPS_COMM})
     assert [d.mode for d in after.devices] == [SHARE, NONE]

@@ -78,6 +78,7 @@ class ProcessAttribution:
     sm_util: float | None  # None when utilization could not be read for the device
     pod: PodInfo | None
     container: str | None
+    host: bool = False  # its cgroup names no pod (not: a pod the cache does not know yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +258,7 @@ def _device_processes(d: DeviceSample, pids: Mapping[int, CgroupRef | None], pod
             continue
         pod, container = _locate(pids[p.pid], pods, skip)
         sm = None if util is None else min(100.0, util.get(p.pid, 0.0))
-        rows.append(ProcessAttribution(p.pid, d.uuid, p.used_memory_bytes, sm, pod, container))
+        rows.append(ProcessAttribution(p.pid, d.uuid, p.used_memory_bytes, sm, pod, container, pids[p.pid] is None))
     return rows
 
 

@@ -44,6 +44,8 @@ class _Process(Protocol):
     def pod(self) -> _Pod | None: ...
     @property
     def container(self) -> str | None: ...
+    @property
+    def host(self) -> bool: ...
 
 
 P = TypeVar("P", bound=_Process)
@@ -64,7 +66,8 @@ def is_infrastructure(p: _Process, comm: str | None, namespaces: frozenset[str])
     """Whether ``p`` (not a holder's process) is an MPS daemon of the host or of an infrastructure namespace."""
     if comm is None or not comm.startswith(MPS_COMM):
         return False
-    return p.pod is None or p.pod.namespace in namespaces
+    # A pod the cache does not know yet (or while the API is down) is no host process: no namespace, no trust.
+    return p.host if p.pod is None else p.pod.namespace in namespaces
 
 
 def split(rows: Sequence[P], holders: Mapping[tuple[str, str], object], comms: Mapping[int, str],
