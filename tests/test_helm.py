@@ -19,6 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from exporter.attribution.infrastructure import DEFAULT_NAMESPACES, parse_namespaces
 from exporter.bundle.rules import RuleOptions, render_rules
 from exporter.shell.config import OPTIONS, load_config
 from exporter.shell.generate import BANNER
@@ -237,6 +238,16 @@ def test_values_schema_config_keys_are_the_exporter_flags_the_chart_does_not_set
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values["config"]) == config_keys
     assert all(v is None for v in values["config"].values())  # the exporter's own defaults apply
+
+
+def test_infrastructure_namespaces_reach_the_exporter_as_a_list_or_a_string():
+    for given in (["gpu-operator", "my-mps"], "gpu-operator,my-mps"):
+        cfg = _exporter_config(render({"config": {"infrastructureNamespaces": given}}))
+        assert parse_namespaces(cfg.infrastructure_namespaces) == {"gpu-operator", "my-mps"}
+    assert parse_namespaces(_exporter_config(render()).infrastructure_namespaces) == set(DEFAULT_NAMESPACES)
+    with pytest.raises(helm_python.HelmValuesError):  # not a namespace name: refused by the schema
+        helm_python.Chart.load(CHART).render({"config": {"infrastructureNamespaces": ["Kube_System"]}},
+                                             name=RELEASE, namespace=NAMESPACE)
 
 
 def test_schema_rejects_unknown_or_chart_managed_config_keys():
