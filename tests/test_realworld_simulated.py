@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from exporter.exposition.status import status_view
+from exporter.exposition.status_html import render_html
 from exporter.shell.cli import build_daemon
 from exporter.shell.config import load_config
 from tests.integration_support import ExporterProcess, Key, free_port, parse_exposition, seed_rows
@@ -198,6 +199,8 @@ def test_the_mps_server_is_listed_as_infrastructure_and_raises_no_problem() -> N
         assert [(p["pid"], p["comm"], p["namespace"]) for p in gpu["infrastructure"]] == [
             (3301, "nvidia-cuda-mps", "nvidia-device-plugin")]
     assert not [p for p in tree["problems"] if p["kind"] == "unaccounted_process"]
+    page = render_html(tree).decode()
+    assert page.count("<h3>Infrastructure (MPS daemons)</h3>") == 2 and "<h3>Unaccounted processes</h3>" not in page
 
 
 def test_an_mps_daemon_outside_the_infrastructure_namespaces_stays_unaccounted() -> None:
