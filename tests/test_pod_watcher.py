@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.node.kube_api import KubeConfigError, build_api_client
+from exporter.node.kube_api import KubeApi, KubeConfigError, build_api_client
 from exporter.node.pod_watcher import PodWatcher, PodWatcherStats, exponential_backoff
 from tests.k8s_double import ApiServerDouble, kube_api_for, make_pod, poll_until
 
@@ -298,3 +298,23 @@ def test_build_api_client_falls_back_to_kubeconfig_env_then_home(
 def test_build_api_client_nothing_configured(no_cluster: Path) -> None:
     with pytest.raises(KubeConfigError, match="--kube-api-url"):
         build_api_client(None, None)
+
+
+@pytest.mark.e2e
+def test_a_page_over_the_clients_bound_is_asked_for_again_with_fewer_pods(double: ApiServerDouble) -> None:
+    """Pods with huge annotations: a 500-pod page over the bound is asked for with half as many pods until
+    one fits; the list still holds every pod and counts no sync error."""
+    big = {"note": "x" * 20_000}  # about 22 KB a pod
+    for i in range(10):
+        double.add_pod(make_pod(f"p{i}", node=NODE, annotations=big))
+    api = KubeApi(double.url, max_response_bytes=64 * 1024)  # three such pods fit a page
+    w = PodWatcher(NODE, api, watch_timeout_seconds=30, request_timeout=5, backoff=RecordingBackoff())
+    try:
+        w.start()
+        poll_until(lambda: w.stats().synced)
+        assert names(w) == {f"p{i}" for i in range(10)} and w.stats().sync_errors == 0
+        limits = [int(r.query["limit"]) for r in pod_lists(double)]
+        assert limits[:3] == [500, 250, 125] and limits[-1] == 3 and sorted(set(limits), reverse=True) == [
+            500, 250, 125, 62, 31, 15, 7, 3]
+    finally:
+        w.stop()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.model import EMPTY
-from exporter.node.kube_api import ApiException, KubeApi, WatchStream
+from exporter.node.kube_api import ApiException, ApiResponseTooLarge, KubeApi, WatchStream
 from exporter.node.pod_store import PodStore, PodView
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class PodWatcher:
         items: list[Any] = []
         token: str | None = None
         while True:
-            body = self._get_json({"fieldSelector": self._selector, "limit": self._page_size, "continue": token})
+            body = self._page(token)
             meta = body.get("metadata") if isinstance(body, dict) else None
             page = body.get("items") if isinstance(body, dict) else None
             if not isinstance(meta, dict) or not isinstance(page, list):
@@ -168,6 +168,18 @@ class PodWatcher:
                     raise ValueError("pod list response without resourceVersion")
                 self._store.replace(items, rv)
                 return rv
+
+    def _page(self, token: str | None) -> Any:
+        """One page of the list. A page over the client's bound (pods with huge annotations) is asked for
+        again with half as many pods, down to one (the API server takes a new limit with a continue token)."""
+        while True:
+            try:
+                return self._get_json({"fieldSelector": self._selector, "limit": self._page_size, "continue": token})
+            except ApiResponseTooLarge as e:
+                if self._page_size == 1:
+                    raise
+                self._page_size = max(1, self._page_size // 2)
+                log.warning("pod list page refused (%s); asking for %d pods a page", e, self._page_size)
 
     def _get_json(self, query: dict[str, Any]) -> Any:
         try:
