@@ -63,6 +63,14 @@ def test_rows_of_the_mixed_node(mixed: dict) -> None:
     assert view.xids == []
 
 
+def test_the_mps_daemons_have_their_own_table() -> None:
+    view = build_view(status_of(MIXED.parent / "realworld-nvidia-mps.yaml"))
+    assert view.unaccounted == []
+    assert [r[:3] + r[5:7] for r in view.infrastructure] == [
+        (gpu, "3301", "nvidia-cuda-mps", "nvidia-device-plugin", "nvidia-device-plugin-mps-control-daemon-6xq4t")
+        for gpu in ("0", "1")]
+
+
 def test_rows_of_the_mig_node() -> None:
     view = build_view(status_of(MIG))
     labels = [r[0] for r in view.gpus]

@@ -62,6 +62,7 @@ class TopApp(App[None]):
         "gpus": ("GPUs", GPU_COLUMNS),
         "containers": ("Containers", CONTAINER_COLUMNS),
         "unaccounted": ("Unaccounted processes", UNACCOUNTED_COLUMNS),
+        "infrastructure": ("Infrastructure (MPS daemons)", UNACCOUNTED_COLUMNS),
         "xids": ("Xids", XID_COLUMNS),
     }
 

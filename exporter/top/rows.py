@@ -45,6 +45,7 @@ class View:
     gpus: list[Row] = field(default_factory=list)
     containers: list[Row] = field(default_factory=list)
     unaccounted: list[Row] = field(default_factory=list)
+    infrastructure: list[Row] = field(default_factory=list)  # the GPUs' MPS daemons (attribution rule 9)
     xids: list[Row] = field(default_factory=list)
 
 
@@ -237,6 +238,8 @@ def build_view(status: Mapping[str, Any]) -> View:
     containers += [container_row("unplaced", c) for c in status.get("unplaced") or [] if isinstance(c, Mapping)]
     unaccounted = [unaccounted_row(label, p) for label, d in devices for p in d.get("unaccounted") or []
                    if isinstance(p, Mapping)]
+    infrastructure = [unaccounted_row(label, p) for label, d in devices for p in d.get("infrastructure") or []
+                      if isinstance(p, Mapping)]  # an older exporter's tree has none
     xids = [xid_row(label, x) for label, d in devices for x in d.get("xids") or [] if isinstance(x, Mapping)]
     xids += [xid_row(_text(x.get("uuid")) or "?", x) for x in status.get("other_xids") or []
              if isinstance(x, Mapping)]
@@ -248,4 +251,4 @@ def build_view(status: Mapping[str, Any]) -> View:
     problems = [problem_row(p) for p in problems_of(status)]
     return View(header=subsystem_line(status), message=message, problems=problems,
                 gpus=[gpu_row(lb, d) for lb, d in devices],
-                containers=containers, unaccounted=unaccounted, xids=xids)
+                containers=containers, unaccounted=unaccounted, infrastructure=infrastructure, xids=xids)
