@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from exporter.exposition.snapshot import Snapshot
 from exporter.exposition.status import status_view
 from exporter.exposition.status_html import render_html
 from exporter.shell.cli import build_daemon
@@ -28,15 +29,20 @@ MIB, GIB = 1 << 20, 1 << 30
 Samples = dict[Key, float]
 
 
-@functools.cache
-def scrape(name: str) -> Samples:
-    """Every sample one sampling cycle of ``examples/<name>`` renders (per-process rows included)."""
-    daemon = build_daemon(load_config(["--simulate", str(EXAMPLES / name), "--per-process-metrics"]))
+def step(name: str, *flags: str) -> Snapshot:
+    """One sampling cycle of ``examples/<name>`` with the exporter's ``flags``."""
+    daemon = build_daemon(load_config(["--simulate", str(EXAMPLES / name), *flags]))
     try:
         snapshot, _ = daemon.pipeline.step()
     finally:
         daemon.close()
-    return parse_exposition(snapshot.body.decode())
+    return snapshot
+
+
+@functools.cache
+def scrape(name: str) -> Samples:
+    """Every sample one sampling cycle of ``examples/<name>`` renders (per-process rows included)."""
+    return parse_exposition(step(name, "--per-process-metrics").body.decode())
 
 
 def rows(s: Samples, metric: str, **labels: str) -> list[tuple[dict[str, str], float]]:
@@ -188,11 +194,7 @@ def test_realworld_nvidia_mps() -> None:
 
 
 def test_the_mps_server_is_listed_as_infrastructure_and_raises_no_problem() -> None:
-    daemon = build_daemon(load_config(["--simulate", str(EXAMPLES / "realworld-nvidia-mps.yaml")]))
-    try:
-        snapshot, _ = daemon.pipeline.step()
-    finally:
-        daemon.close()
+    snapshot = step("realworld-nvidia-mps.yaml")
     tree = status_view(snapshot.status, 0, snapshot.status["built_at"], True)
     for gpu in tree["gpus"]:
         assert gpu["unaccounted"] == []
@@ -206,19 +208,11 @@ def test_the_mps_server_is_listed_as_infrastructure_and_raises_no_problem() -> N
 def test_an_mps_daemon_outside_the_infrastructure_namespaces_stays_unaccounted() -> None:
     """The command name is its author's; the namespace is not: with the device plugin's namespace not
     listed, its server is a process no container was allocated the GPU for, as before rule 9."""
-    s = parse_exposition(_step_body(["--infrastructure-namespaces", "kube-system"]))
+    s = parse_exposition(step("realworld-nvidia-mps.yaml", "--infrastructure-namespaces", "kube-system").body.decode())
     daemon = who("nvidia-device-plugin", "nvidia-device-plugin-mps-control-daemon-6xq4t", "mps-control-daemon-ctr")
     for uuid in (H100_0, H100_1):
         assert one(s, "nvidia_gpu_unaccounted_process_memory_used_bytes", uuid=uuid, pid="3301", **daemon) == 31457280
 
-
-def _step_body(flags: list[str]) -> str:
-    daemon = build_daemon(load_config(["--simulate", str(EXAMPLES / "realworld-nvidia-mps.yaml"), *flags]))
-    try:
-        snapshot, _ = daemon.pipeline.step()
-    finally:
-        daemon.close()
-    return snapshot.body.decode()
 
 
 def test_mps_share_rows_carry_the_memory_each_client_was_allocated() -> None:

@@ -239,8 +239,9 @@ def _containers(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None] =
                    "Use SM", "Use memory"], cells, frozenset({5, 6, 7, 8}), marks) + _omitted(omitted, "containers")
 
 
-def _unaccounted(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None], omitted: Any = 0,
-                 heading: str = "Unaccounted processes") -> str:
+def _processes(rows: Sequence[Mapping[str, Any]], marks: Sequence[str | None], omitted: Any = 0,
+               heading: str = "Unaccounted processes") -> str:
+    """A table of GPU processes: the unaccounted ones, or (``heading``) the GPU's infrastructure."""
     if not rows:
         return ""
     cells = [[esc(p["pid"]), f"<code>{esc(p.get('comm'))}</code>", _gib(p["memory_bytes"]), _pct(p["sm_percent"]),
@@ -278,9 +279,9 @@ def _device(g: Mapping[str, Any], now: float, marks: _Marks, mig: bool = False) 
              _table(GPU_HEADERS, [_gpu_row(g)], _NUMERIC, [marks.gpu(uuid)]),
              _containers(g["containers"], containers, g.get("containers_omitted"))
              if g["containers"] or not g.get("instances") else "",
-             _unaccounted(g["unaccounted"], processes, g.get("unaccounted_omitted")),
-             _unaccounted(g.get("infrastructure") or [], (), g.get("infrastructure_omitted"),
-                          "Infrastructure (MPS daemons)"),
+             _processes(g["unaccounted"], processes, g.get("unaccounted_omitted")),
+             _processes(g.get("infrastructure") or [], (), g.get("infrastructure_omitted"),
+                        "Infrastructure (MPS daemons)"),
              _xids(g["xids"], now, [marks.xid(uuid, x["xid"]) for x in g["xids"]])]
     parts += [_device(i, now, marks, mig=True) for i in g.get("instances", ())]
     return "".join(parts) + "</section>"

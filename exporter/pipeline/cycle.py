@@ -152,7 +152,8 @@ class Pipeline:
         placement = read("proc", "resolve", lambda: src.proc.resolve(pids), {})
         state = read("pods", "view", src.pods, _NO_PODS)
         allocations = compute_allocations(self.allocation_inputs(state, sample))
-        attr = attribute(sample, placement, state.view, allocations.allocations, src.comms(),
+        comms = src.comms()  # the command names of the PIDs just resolved: attribution's and the status page's
+        attr = attribute(sample, placement, state.view, allocations.allocations, comms,
                          self.settings.infrastructure_namespaces)
         if sample.duration_seconds == 0.0:
             sample = replace(sample, duration_seconds=time.monotonic() - started)
@@ -163,7 +164,7 @@ class Pipeline:
         now = self.settings.clock()
         stats = self._stats(state, now)
         self._status, self._page = self.outputs.run("status", lambda: self._status_output(
-            attr, sample, stats, xids, now), (self._status, self._page))
+            attr, sample, stats, xids, now, comms), (self._status, self._page))
         stats = replace(stats, output_failures=self._output_failures())  # this cycle's status included
         families.insert(2, self_families(sample, stats, self.node_name))  # after rows and usage, as always
         owners = {p.pid: (p.pod.namespace, p.pod.name, p.container or "", p.pod.uid)
@@ -172,10 +173,10 @@ class Pipeline:
         return replace(snapshot, status=self._status, page=self._page), attr
 
     def _status_output(self, attr: NodeAttribution, sample: NodeSample, stats: ExporterStats,
-                       xids: XidSummary | None, now: float) -> tuple[Status, StatusPage | None]:
+                       xids: XidSummary | None, now: float, comms: Mapping[int, str]
+                       ) -> tuple[Status, StatusPage | None]:
         """The status tree and its page: the per-pod work of /status.json and /, done here once a cycle."""
-        status = build_status(attr, sample, stats, xids, self.node_name, now, self.sources.comms(),
-                              self.sources.states())
+        status = build_status(attr, sample, stats, xids, self.node_name, now, comms, self.sources.states())
         return status, build_page(status, None, self.settings.xid_catalog)
 
     def failed(self, served: Snapshot) -> Snapshot:
