@@ -4,6 +4,7 @@ Xids at warning level rate-limited, and the JSON log format."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import os
@@ -379,7 +380,7 @@ def test_json_formatter_one_object_per_line() -> None:
 def test_json_log_format_end_to_end(tmp_path: Path, how: str, stop_all: list[subprocess.Popen[bytes]]) -> None:
     port, log = free_port(), tmp_path / "out.log"
     argv = ["--simulate", str(SEED), "--no-xid", "--listen", f"127.0.0.1:{port}"]
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # as the image runs it: every write its own system call
     if how == "flag":
         argv += ["--log-format", "json"]
     else:
@@ -390,6 +391,34 @@ def test_json_log_format_end_to_end(tmp_path: Path, how: str, stop_all: list[sub
     docs = [json.loads(line) for line in lines]
     assert docs and all({"time", "level", "logger", "message"} <= set(d) for d in docs), lines
     assert any("on node" in d["message"] for d in docs)
+
+
+class _Writes(io.RawIOBase):
+    """A raw stream that records each system-call-level write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes) -> int:  # type: ignore[override]
+        self.writes.append(bytes(b))
+        return len(b)
+
+
+def test_the_banner_is_one_write_even_unbuffered() -> None:
+    """Unbuffered (PYTHONUNBUFFERED, as in the image), print() makes the text and its newline two writes
+    and a log line from another thread can land between them; say() makes one."""
+    from exporter.shell.cli import say
+
+    raw = _Writes()
+    stream = io.TextIOWrapper(raw, write_through=True)  # what PYTHONUNBUFFERED gives sys.stdout
+    print("kube-gpu-exporter: node n1, serving", file=stream, flush=True)
+    assert raw.writes == [b"kube-gpu-exporter: node n1, serving", b"\n"]  # the hazard, as CPython has it
+    raw.writes.clear()
+    say("kube-gpu-exporter: node n1, serving", stream)
+    assert raw.writes == [b"kube-gpu-exporter: node n1, serving\n"]
 
 
 def test_bad_log_format_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TextIO
 
 from exporter.attribution.infrastructure import parse_namespaces
 from exporter.exposition.pod_labels import parse_allowlist
@@ -282,6 +283,16 @@ def _xid(cfg: Config, node: str, names: LabelNames, holder: SnapshotHolder, api_
     return source
 
 
+def say(line: str, stream: TextIO) -> None:
+    """Write one line in one write and flush it.
+
+    print() writes the text and its newline separately; with PYTHONUNBUFFERED (the image sets it) each is
+    a system call of its own, and a log line from the sampler's thread can land between them, on the
+    same file (a CI run read a JSON log with the banner glued to one object and an empty line after)."""
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def _serve(daemon: Daemon) -> int:
     from exporter.server.app import BindError, HttpServer, make_app, run
     from exporter.server.limits import ServerLimits, raise_nofile_limit
@@ -291,7 +302,7 @@ def _serve(daemon: Daemon) -> int:
     try:  # checked by load_config already; read again here for the certificates as they are now
         web = load_web_config(daemon.config.web_config_file) if daemon.config.web_config_file else None
     except WebConfigError as e:
-        print(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", file=sys.stderr)
+        say(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", sys.stderr)
         daemon.close()
         return 2
     # The sampler's cycle is pure Python on its own thread: a scrape arriving meanwhile waits for the
@@ -315,14 +326,13 @@ def _serve(daemon: Daemon) -> int:
     def serving() -> None:  # only once the socket listens
         shown = f"[{host}]" if ":" in host else host
         auth = ", basic authentication" if server.auth is not None else ""
-        print(f"kube-gpu-exporter: node {daemon.node_name}, serving {scheme}://{shown}:{server.port}/metrics{auth}",
-              flush=True)
+        say(f"kube-gpu-exporter: node {daemon.node_name}, serving {scheme}://{shown}:{server.port}/metrics{auth}",
+            sys.stdout)
 
     try:
         run(server, on_started=serving)
     except BindError as e:  # the port was taken since the pre-flight check
-        print(f"kube-gpu-exporter: error: {bind_error(daemon.config.listen, e.host, e.port, e.error)}",
-              file=sys.stderr)
+        say(f"kube-gpu-exporter: error: {bind_error(daemon.config.listen, e.host, e.port, e.error)}", sys.stderr)
         return 2
     finally:
         daemon.close()
@@ -347,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         daemon = build_daemon(cfg)
     except (ConfigError, ScenarioError) as e:
         # One line whatever the message holds (a YAML error, a client's multi-line exception text).
-        print(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", file=sys.stderr)
+        say(f"kube-gpu-exporter: error: {' '.join(str(e).split())}", sys.stderr)
         return 2
     if render_once:
         try:
