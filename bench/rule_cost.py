@@ -27,7 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +88,13 @@ def _scraped_twice(server: FleetServer, prom: Prometheus, targets: int) -> bool:
     return min(scrapes) >= 2 and prom.value('count(up{job=~"kube-gpu-exporter|tke"} == 1)') == targets
 
 
-def _collect(prom: Prometheus, groups: Sequence[str], evaluations: int,
-             interval: float) -> dict[str, list[dict[str, Any]]]:
+def _collect(prom: Prometheus, groups: Sequence[str], evaluations: int, interval: float,
+             sleep: Callable[[float], None] = time.sleep) -> dict[str, list[dict[str, Any]]]:
     """``evaluations`` fresh evaluations of each group: group and per-rule times, health.
 
     A group slower than its interval skips iterations: the wait grows with the slowest evaluation seen.
+    A faster group's evaluations past ``evaluations`` (it goes on while a slower one is awaited) are not
+    kept: each group is summarised over as many as asked.
     """
     seen: dict[str, list[dict[str, Any]]] = {g: [] for g in groups}
     last: dict[str, str] = {g: v["lastEvaluation"] for g, v in prom.groups().items()}
@@ -101,13 +103,13 @@ def _collect(prom: Prometheus, groups: Sequence[str], evaluations: int,
         if time.monotonic() - started > (evaluations + 2) * 2 * slowest + 120:
             break
         for name, g in prom.groups().items():
-            if name in seen and g["lastEvaluation"] != last.get(name):
+            if name in seen and len(seen[name]) < evaluations and g["lastEvaluation"] != last.get(name):
                 last[name] = g["lastEvaluation"]
                 slowest = max(slowest, g["evaluationTime"])
                 seen[name].append({"seconds": g["evaluationTime"], "rules": {
                     r["name"]: r["evaluationTime"] for r in g["rules"]},
                     "unhealthy": {r["name"]: r.get("lastError", "") for r in g["rules"] if r["health"] != "ok"}})
-        time.sleep(max(1.0, interval / 15))
+        sleep(max(1.0, interval / 15))
     return seen
 
 
