@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -445,4 +446,38 @@ def test_summary_says_whether_the_kernel_log_is_read(tmp_path: Path, readable: b
         expected = f"kernel log: reading {kmsg}" if readable else f"kernel log: cannot read {kmsg}"
         assert len(records(caplog, logging.INFO, expected)) == 1, caplog.text
     finally:
+        daemon.close()
+
+
+def test_the_listener_waits_for_the_late_starts() -> None:
+    """The first cycle's end is not enough: the Xid watcher's start and the summary line come first, so
+    the banner follows the summary (a CI-like run under load printed it before)."""
+    daemon = build_daemon(load_config(["--simulate", str(SEED), "--no-xid", "--no-events"], environ={}))
+    release, order = threading.Event(), []
+    daemon.late_starts.insert(0, lambda: (release.wait(30), order.append("late starts")))
+    starter = threading.Thread(target=lambda: (daemon.start(wait_first=30), order.append("listening")))
+    try:
+        starter.start()
+        poll(lambda: daemon.sampler.first_done.is_set() or None, 10, "the first cycle")
+        assert starter.is_alive()
+        release.set()
+        starter.join(30)
+        assert order == ["late starts", "listening"]
+    finally:
+        release.set()
+        daemon.close()
+
+
+def test_late_starts_that_hang_hold_the_listener_only_for_the_bound(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    daemon = build_daemon(load_config(["--simulate", str(SEED), "--no-xid", "--no-events"], environ={}))
+    release = threading.Event()
+    daemon.late_starts.insert(0, lambda: release.wait(30))
+    try:
+        daemon.start(wait_first=2.0)  # the first cycle (milliseconds) within it, the late starts not
+        assert daemon.sampler.first_done.is_set() and not daemon.sampler.settled.is_set()
+        assert records(caplog, logging.WARNING, "the Xid watcher has not started after 2s: listening now")
+        assert not records(caplog, logging.WARNING, "NVML initialisation")
+    finally:
+        release.set()
         daemon.close()

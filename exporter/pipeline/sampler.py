@@ -36,6 +36,7 @@ class SamplerThread(threading.Thread):
         self.cycle_started: float | None = None  # monotonic start of the cycle running now, None between cycles
         self.first_done = threading.Event()  # the first cycle ended (good or bad)
         self.after_first: Callable[[], None] | None = None  # run once on this thread after the first cycle
+        self.settled = threading.Event()  # the first cycle and after_first ended: the start-up is logged
 
     def run_once(self) -> None:
         """One cycle: publish its snapshot, or after a failure the previous one with the new failure count."""
@@ -91,6 +92,7 @@ class SamplerThread(threading.Thread):
                     after()
                 except Exception:
                     log.exception("starting what follows the first cycle")
+            self.settled.set()
             self._stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     def stop(self) -> None:

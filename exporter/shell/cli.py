@@ -65,9 +65,14 @@ class Daemon:
             return
         self.sampler.after_first = self._late_starts
         self.sampler.start()
-        if not self.sampler.first_done.wait(wait_first):
-            log.warning("NVML initialisation has not returned after %gs: listening now, /readyz answers 503 "
-                        "(NVML initialising) until the first sampling cycle ends", wait_first)
+        # For the late starts too (the Xid watcher, then the summary line), in the same bound: the banner
+        # then follows the summary, whichever thread the scheduler runs first.
+        if not self.sampler.settled.wait(wait_first):
+            if not self.sampler.first_done.is_set():
+                log.warning("NVML initialisation has not returned after %gs: listening now, /readyz answers 503 "
+                            "(NVML initialising) until the first sampling cycle ends", wait_first)
+            else:
+                log.warning("the Xid watcher has not started after %gs: listening now", wait_first)
         self.watch = StuckWatch(self.sampler, stuck_after(self.config.interval))
         self.watch.start()
         self.closers.append(self.watch.stop)
