@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from exporter.model import EMPTY
-from exporter.xid.kmsg_file import TAIL_BYTES, open_marker, rewritten
+from exporter.xid.kmsg_file import TAIL_BYTES, holds, open_marker, rewritten
 
 KERNEL_FACILITY = 0
 # The kernel's CONSOLE_EXT_LOG_MAX is 8 KiB; a smaller buffer makes read() fail with EINVAL.
@@ -250,10 +250,23 @@ class KmsgReader:
         again from its start."""
         if self._record_per_read or self._fileno is None or not rewritten(self._fileno, self._raw, self._tail):
             return False
+        self._read_again()
+        return True
+
+    def _read_again(self) -> None:
+        """Read a record file rewritten under us from its new start; what was buffered of it is gone."""
         self._raw.seek(0)  # type: ignore[attr-defined]
         self._buffer, self._discarding, self._tail = b"", False, b""
         self.truncations += 1
-        return True
+
+    def _position(self) -> int | None:
+        """Where the next read of a record file read live starts (None: not such a file, or untold)."""
+        if self._record_per_read or self._fileno is None or self._history_left is not None:
+            return None
+        try:
+            return self._raw.tell()  # type: ignore[attr-defined]
+        except (OSError, AttributeError, ValueError):
+            return None
 
     @property
     def is_device(self) -> bool:
@@ -282,6 +295,7 @@ class KmsgReader:
                     boundary, self._history_left = len(records), None
                     continue
                 size = min(size, self._history_left)
+            tail, start = self._tail, self._position()
             try:
                 data = self._raw.read(size)
             except BrokenPipeError:
@@ -301,6 +315,9 @@ class KmsgReader:
                 records.extend(self._frame(b"", final=True))
                 drained = True
                 break
+            if start is not None and not holds(self._fileno, tail, start):  # type: ignore[arg-type]
+                self._read_again()  # rewritten between the check and the read: data is from the middle
+                continue
             if self._history_left is not None:
                 self._history_left -= len(data)
             if not self._record_per_read:

@@ -3,7 +3,9 @@
 A record file (``cat /dev/kmsg > file``, rotated by logrotate's ``copytruncate``) can be truncated in
 place under the open handle; the reader then starts again from its new start. :func:`rewritten` tells:
 the file is now shorter than where we read to, or the last bytes we read are not there any more (it was
-truncated and written past our position again before we looked).
+truncated and written past our position again before we looked). :func:`holds` asks the same of the
+bytes before a read once it returned: a rewrite between the check and the read would otherwise hand on
+the new content from the old position and lose what the writer put before it.
 """
 
 from __future__ import annotations
@@ -23,9 +25,19 @@ def rewritten(fd: int, raw: Any, tail: bytes) -> bool:
             return False
         if st.st_size < position:
             return True
-        return bool(tail) and position >= len(tail) and os.pread(fd, len(tail), position - len(tail)) != tail
+        return not holds(fd, tail, position)
     except (OSError, AttributeError, ValueError):  # a double without tell(), a closed file
         return False
+
+
+def holds(fd: int, tail: bytes, end: int) -> bool:
+    """Whether the file ``fd`` still holds ``tail`` just before ``end`` (nothing to compare: it does)."""
+    if not tail or end < len(tail):
+        return True
+    try:
+        return os.pread(fd, len(tail), end - len(tail)) == tail
+    except OSError:
+        return True  # the next read's check tells
 
 
 def open_marker(path: str) -> Any:
