@@ -245,13 +245,12 @@ class KmsgReader:
         self.skipped_bytes, self._discarding = offset, True  # the record that starts at offset whole
         self._history_left = None if self._history_left is None else self._history_left - offset + 1
 
-    def _truncated(self) -> bool:
-        """Whether a record file was truncated in place (copytruncate) since the last read; then it is read
-        again from its start."""
-        if self._record_per_read or self._fileno is None or not rewritten(self._fileno, self._raw, self._tail):
-            return False
-        self._read_again()
-        return True
+    def _read_again_if_rewritten(self) -> None:
+        """Read a record file read live again from its start when it was truncated in place (copytruncate)
+        since the last read."""
+        position = self._position()
+        if position is not None and rewritten(self._fileno, position, self._tail):  # type: ignore[arg-type]
+            self._read_again()
 
     def _read_again(self) -> None:
         """Read a record file rewritten under us from its new start; what was buffered of it is gone."""
@@ -278,8 +277,7 @@ class KmsgReader:
 
         Until :attr:`history_done`, ``history`` says how many of the leading records are history.
         """
-        if self._history_left is None:
-            self._truncated()
+        self._read_again_if_rewritten()
         records: list[bytes] = []
         epipe = 0
         drained = False

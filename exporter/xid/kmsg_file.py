@@ -17,17 +17,13 @@ from typing import Any
 TAIL_BYTES = 64  # compared with what the file holds before the read position
 
 
-def rewritten(fd: int, raw: Any, tail: bytes) -> bool:
-    """Whether the regular file ``fd`` (read through ``raw``) no longer holds what was read of it (``tail``)."""
+def rewritten(fd: int, position: int, tail: bytes) -> bool:
+    """Whether the regular file ``fd``, read up to ``position``, no longer holds what was read of it (``tail``)."""
     try:
-        st, position = os.fstat(fd), raw.tell()
-        if not stat.S_ISREG(st.st_mode):
-            return False
-        if st.st_size < position:
-            return True
-        return not holds(fd, tail, position)
-    except (OSError, AttributeError, ValueError):  # a double without tell(), a closed file
+        st = os.fstat(fd)
+    except OSError:  # a closed file
         return False
+    return stat.S_ISREG(st.st_mode) and (st.st_size < position or not holds(fd, tail, position))
 
 
 def holds(fd: int, tail: bytes, end: int) -> bool:
